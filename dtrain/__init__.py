@@ -1,0 +1,1 @@
+"""dtrain: a PyTorch-native trainer for large language models."""

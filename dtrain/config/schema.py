@@ -1,0 +1,189 @@
+"""The typed configuration of a dtrain run: one dataclass per TOML section.
+
+Section and field names follow torchtitan v0.2.2 wherever the concept is the same, so that its TOML files mostly
+just work here. Every field carries a one-line doc (shown by ``--help``) and, where the set of valid values is
+closed, its choices (checked before anything runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def opt(default: Any, doc: str, choices: tuple | None = None, minimum: float | None = None) -> Any:
+    """A config field: its default, its one-line doc, and optionally its valid choices or lower bound."""
+    meta = {"doc": doc, "choices": choices, "minimum": minimum}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class Job:
+    config_file: str = opt("", "TOML file this run was configured from (set by --config / CONFIG_FILE).")
+    dump_folder: str = opt("./outputs", "Run directory: resolved config, metrics, TensorBoard, traces, checkpoints.")
+    description: str = opt("", "Free-text description of the experiment, written into the run directory.")
+    print_config: bool = opt(False, "Print the resolved config as TOML and exit without training.")
+
+
+@dataclass
+class Model:
+    name: str = opt("llama3", "Model family.", choices=("llama3",))
+    flavor: str = opt("debugmodel", "Size preset of the family (debugmodel, 1B, 3B, 8B, 70B, 405B for llama3).")
+    tokenizer: str = opt(
+        "auto",
+        "Tokenizer kind; auto = byte-level when hf_assets_path is empty, else tokenizer.json or tokenizer.model there.",
+        choices=("auto", "byte", "hf", "tiktoken"),
+    )
+    hf_assets_path: str = opt("", "Folder (or file) holding tokenizer.json or tokenizer.model; empty = built-in bytes.")
+    vocab_size_multiple_of: int = opt(
+        64, "The model's vocabulary is the tokenizer's rounded up to this multiple (keeps TP splits even).", minimum=1
+    )
+    tie_word_embeddings: bool = opt(False, "Share one weight between the token embedding and the output head.")
+
+
+@dataclass
+class Optimizer:
+    name: str = opt("AdamW", "Optimizer.", choices=("AdamW", "Adam"))
+    lr: float = opt(8e-4, "Peak learning rate.", minimum=0.0)
+    beta1: float = opt(0.9, "Adam beta1.", minimum=0.0)
+    beta2: float = opt(0.95, "Adam beta2.", minimum=0.0)
+    eps: float = opt(1e-8, "Adam epsilon.", minimum=0.0)
+    weight_decay: float = opt(0.1, "Decoupled weight decay (not applied to norms and biases).", minimum=0.0)
+    implementation: str = opt(
+        "auto",
+        "Optimizer kernel: fused or foreach where the device supports it (auto picks), or the plain for-loop.",
+        choices=("auto", "fused", "foreach", "for-loop"),
+    )
+
+
+@dataclass
+class LRScheduler:
+    warmup_steps: int = opt(200, "Linear warmup steps from near zero to optimizer.lr.", minimum=0)
+    decay_ratio: float | None = opt(
+        None,
+        "Fraction of steps spent decaying at the end (WSD); unset = decay right after warmup.",
+        minimum=0.0,
+    )
+    decay_type: str = opt("linear", "Shape of the decay.", choices=("linear", "sqrt", "cosine"))
+    min_lr_factor: float = opt(0.0, "Final learning rate as a fraction of optimizer.lr.", minimum=0.0)
+
+
+@dataclass
+class Training:
+    dataset: str = opt(
+        "builtin",
+        "Data source: builtin (stdlib sources, no download), synthetic, files (text/JSONL/Parquet at dataset_path), "
+        "hf (Hugging Face datasets at dataset_path), or c4 (a local copy made by scripts/download_hf_assets.py).",
+        choices=("builtin", "synthetic", "files", "hf", "c4"),
+    )
+    dataset_path: str = opt("", "File, folder or HF dataset path/name for files, hf and c4 datasets.")
+    dataset_text_field: str = opt("text", "Field holding the document text in JSONL, Parquet and HF datasets.")
+    local_batch_size: int = opt(8, "Sequences per microbatch on each data-parallel rank.", minimum=1)
+    global_batch_size: int = opt(
+        -1, "Sequences per optimizer step over all ranks; -1 = local_batch_size × data-parallel size.", minimum=-1
+    )
+    seq_len: int = opt(2048, "Tokens per sequence.", minimum=1)
+    max_norm: float = opt(1.0, "Clip the global gradient norm to this value; 0 disables clipping.", minimum=0.0)
+    steps: int = opt(10000, "Optimizer steps to train.", minimum=1)
+    mixed_precision_param: str = opt(
+        "bfloat16", "FSDP compute dtype of parameters.", choices=("bfloat16", "float32", "float16")
+    )
+    mixed_precision_reduce: str = opt("float32", "FSDP gradient reduce dtype.", choices=("float32", "bfloat16"))
+    enable_cpu_offload: bool = opt(False, "Keep FSDP2-sharded parameters, gradients and optimizer state on CPU.")
+    gc_freq: int = opt(50, "Run Python garbage collection every this many steps (automatic GC is disabled).", minimum=1)
+
+
+@dataclass
+class Parallelism:
+    data_parallel_replicate_degree: int = opt(1, "Replicas of the model (DDP, or HSDP's outer dimension).", minimum=1)
+    data_parallel_shard_degree: int = opt(-1, "FSDP2 shard degree; -1 = whatever the other degrees leave.", minimum=-1)
+    fsdp_reshard_after_forward: str = opt(
+        "default",
+        "Free gathered parameters after forward: default (yes, except the last block), always or never.",
+        choices=("default", "always", "never"),
+    )
+    tensor_parallel_degree: int = opt(1, "Tensor (+ sequence) parallel degree.", minimum=1)
+    disable_loss_parallel: bool = opt(False, "Gather logits before the loss instead of a vocab-parallel loss under TP.")
+    enable_async_tensor_parallel: bool = opt(False, "Overlap TP communication with matmuls (CUDA + compile only).")
+    pipeline_parallel_degree: int = opt(1, "Pipeline stages over ranks.", minimum=1)
+    pipeline_parallel_schedule: str = opt("1F1B", "Pipeline schedule (GPipe, 1F1B, Interleaved1F1B, ...).")
+    pipeline_parallel_microbatch_size: int = opt(1, "Sequences per pipeline microbatch.", minimum=1)
+    pipeline_parallel_layers_per_stage: int | None = opt(None, "Layers per virtual stage; unset = even split.", minimum=1)
+    context_parallel_degree: int = opt(1, "Context (sequence) parallel degree.", minimum=1)
+    expert_parallel_degree: int = opt(1, "Expert parallel degree (MoE models).", minimum=1)
+
+
+@dataclass
+class Checkpoint:
+    enable: bool = opt(False, "Save checkpoints and resume from them.")
+    folder: str = opt("checkpoint", "Checkpoint folder inside job.dump_folder.")
+    interval: int = opt(500, "Save every this many steps.", minimum=1)
+    keep_latest_k: int = opt(10, "Keep this many newest checkpoints; 0 keeps all.", minimum=0)
+    load_step: int = opt(-1, "Step to resume from; -1 = the latest complete checkpoint.", minimum=-1)
+    async_mode: str = opt(
+        "disabled", "Checkpoint saving mode.", choices=("disabled", "async", "async_with_pinned_mem")
+    )
+    initial_load_path: str = opt("", "Checkpoint to start from when the run directory has none.")
+    initial_load_model_only: bool = opt(True, "Load only model weights from initial_load_path.")
+    initial_load_in_hf: bool = opt(False, "initial_load_path holds Hugging Face safetensors.")
+    last_save_model_only: bool = opt(True, "The final save holds model weights only.")
+    export_dtype: str = opt("float32", "dtype of a model-only save.", choices=("float32", "bfloat16"))
+    exclude_from_loading: list[str] = opt([], "State parts not to load on resume (e.g. optimizer, dataloader).")
+
+
+@dataclass
+class ActivationCheckpoint:
+    mode: str = opt("none", "Recompute activations in backward: none, full, or selective.", choices=("none", "full", "selective"))
+    selective_ac_option: str = opt(
+        "2", "Selective AC: an integer N checkpoints every Nth block; op saves a list of ops and recomputes the rest."
+    )
+
+
+@dataclass
+class Compile:
+    enable: bool = opt(False, "torch.compile the components below (each transformer block separately).")
+    components: list[str] = opt(["model", "loss"], "What to compile: model and/or loss.")
+    backend: str = opt("inductor", "torch.compile backend.")
+
+
+@dataclass
+class Metrics:
+    log_freq: int = opt(10, "Log one metrics line every this many steps.", minimum=1)
+    enable_tensorboard: bool = opt(True, "Write TensorBoard events under <dump_folder>/<save_tb_folder>.")
+    save_tb_folder: str = opt("tb", "TensorBoard folder inside job.dump_folder.")
+    save_for_all_ranks: bool = opt(False, "Every rank writes its own metrics files (rank 0 only by default).")
+
+
+@dataclass
+class Profiling:
+    enable_profiling: bool = opt(False, "Record a torch.profiler window every profile_freq steps.")
+    save_traces_folder: str = opt("profile_traces", "Trace folder inside job.dump_folder.")
+    profile_freq: int = opt(10, "Steps between profiler windows.", minimum=1)
+    profiler_warmup: int = opt(3, "Warmup steps inside each profiler window.", minimum=0)
+    profiler_active: int = opt(1, "Recorded steps inside each profiler window.", minimum=1)
+    enable_memory_snapshot: bool = opt(False, "Dump a CUDA allocator memory snapshot (CUDA only).")
+    save_memory_snapshot_folder: str = opt("memory_snapshot", "Memory snapshot folder inside job.dump_folder.")
+
+
+@dataclass
+class Debug:
+    seed: int = opt(0, "Seed from which every random stream (init, data, dropout) is derived.", minimum=0)
+    deterministic: bool = opt(False, "Use deterministic algorithms only (slower; bit-identical runs on GPU too).")
+
+
+@dataclass
+class JobConfig:
+    job: Job = field(default_factory=Job)
+    model: Model = field(default_factory=Model)
+    optimizer: Optimizer = field(default_factory=Optimizer)
+    lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
+    training: Training = field(default_factory=Training)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
+    compile: Compile = field(default_factory=Compile)
+    metrics: Metrics = field(default_factory=Metrics)
+    profiling: Profiling = field(default_factory=Profiling)
+    debug: Debug = field(default_factory=Debug)

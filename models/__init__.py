@@ -1,0 +1,1 @@
+"""Single-device model families in plain PyTorch, installed as dtrain.models; nothing here imports torch.distributed."""
