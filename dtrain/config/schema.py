@@ -40,7 +40,9 @@ class Model:
     vocab_size_multiple_of: int = opt(
         64, "The model's vocabulary is the tokenizer's rounded up to this multiple (keeps TP splits even).", minimum=1
     )
-    tie_word_embeddings: bool = opt(False, "Share one weight between the token embedding and the output head.")
+    tie_word_embeddings: bool | None = opt(
+        None, "Share one weight between the token embedding and the output head; unset = the flavor's choice."
+    )
 
 
 @dataclass

@@ -1,0 +1,60 @@
+"""Command-line entry: `python -m dtrain.main [--config NAME] [--section.key value ...]` (run_train.sh calls it).
+
+Everything the user can get wrong is checked here, before any run directory or process group exists, and
+reported as one line: `error: <what, and what would be valid>`. DTRAIN_TRACEBACK=1 shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from dtrain.errors import DtrainError
+
+# `run_train.sh` runs this once with --launcher_check before starting torchrun: it validates the config for the
+# coming world size and answers --help / print_config itself. Exit code ANSWERED tells the launcher to stop there.
+LAUNCHER_CHECK_FLAG = "--launcher_check"
+ANSWERED = 3
+
+
+def run(argv: list[str]) -> int:
+    from dtrain.config import format_help, help_requested, load_config, to_toml, validate_config
+
+    launcher_check = LAUNCHER_CHECK_FLAG in argv
+    argv = [a for a in argv if a != LAUNCHER_CHECK_FLAG]
+    if help_requested(argv):
+        print(format_help())
+        return ANSWERED if launcher_check else 0
+    cfg = load_config(argv)
+    validate_config(cfg)
+    if cfg.job.print_config:
+        print(to_toml(cfg), end="")
+        return ANSWERED if launcher_check else 0
+    from dtrain.checks import prepare
+
+    prepared = prepare(cfg)
+    if launcher_check:
+        return 0
+    from dtrain.metrics import setup_logging
+    from dtrain.train import train
+
+    setup_logging(int(os.environ.get("RANK", "0")))
+    train(cfg, prepared)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return run(argv)
+    except DtrainError as err:
+        if os.environ.get("DTRAIN_TRACEBACK"):
+            raise
+        logging.shutdown()
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

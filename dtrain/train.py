@@ -1,0 +1,125 @@
+"""The training loop: build the TrainState from the config, then step, log and profile until done.
+
+Setup reads top to bottom in the order things must happen: distributed world, tokenizer, model on the meta
+device, parallelize, materialize and initialise, optimizer and schedule, data, state. The loop itself only
+fetches a batch, calls `train_step` and hands the returned tensors to the metrics logger every `log_freq` steps.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from pathlib import Path
+
+import torch
+
+from dtrain.config import to_toml
+from dtrain.checks import Prepared
+from dtrain.config.schema import JobConfig
+from dtrain.data import build_dataloader
+from dtrain.distributed import World, init_world
+from dtrain.layout import Layout, build_layout
+from dtrain.lr_schedule import build_lr_scheduler
+from dtrain.metrics import MetricsLogger
+from dtrain.models import ModelFamily
+from dtrain.optim import build_optimizer
+from dtrain.profiling import maybe_memory_snapshot, maybe_profile
+from dtrain.rng import seed_everything, set_determinism
+from dtrain.state import TrainState
+from dtrain.step import cross_entropy_sum, train_step
+
+logger = logging.getLogger("dtrain")
+
+
+def grad_accumulation_steps(cfg: JobConfig, dp_size: int) -> int:
+    """Microbatches per optimizer step on each rank (the global batch is validated to divide evenly)."""
+    per_microbatch = cfg.training.local_batch_size * dp_size
+    global_batch = cfg.training.global_batch_size if cfg.training.global_batch_size > 0 else per_microbatch
+    return global_batch // per_microbatch
+
+
+def build_train_state(cfg: JobConfig, world: World, layout: Layout, family: ModelFamily, args, tokenizer) -> TrainState:
+    """Model (meta → parallelized → materialized → initialised), optimizer, schedule and data, as one state."""
+    with torch.device("meta"):
+        model = family.model_cls(args)
+    model = layout.parallelize(model)
+    model.to_empty(device=world.device)
+    layout.init_weights(model, seed=cfg.debug.seed)
+    model.train()
+
+    optimizer = build_optimizer([model], cfg.optimizer, world.device)
+    lr_scheduler = build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler)
+    dataloader = build_dataloader(cfg, tokenizer, layout.dp_rank, layout.dp_size)
+    loss_fn = cross_entropy_sum
+    if cfg.compile.enable and "loss" in cfg.compile.components:
+        loss_fn = torch.compile(loss_fn, backend=cfg.compile.backend)
+    return TrainState(
+        model_parts=[model],
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        dataloader=dataloader,
+        loss_fn=loss_fn,
+        seed=cfg.debug.seed,
+        max_norm=cfg.training.max_norm,
+        dp_size=layout.dp_size,
+        rng_coords=layout.rng_coords,
+        reduce_over_dp=layout.reduce_over_dp,
+        loss_context=layout.loss_context,
+    )
+
+
+def write_run_files(cfg: JobConfig, world: World) -> Path:
+    """Create the run directory and write the resolved config into it (rank 0 only)."""
+    run_dir = Path(cfg.job.dump_folder)
+    if world.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(to_toml(cfg))
+    return run_dir
+
+
+def train(cfg: JobConfig, prepared: Prepared) -> None:
+    """Run the configured training to completion, starting from what `checks.prepare` resolved."""
+    family, tokenizer, args = prepared.family, prepared.tokenizer, prepared.model_args
+    with init_world() as world:
+        layout = build_layout(cfg, world, args)
+        set_determinism(cfg.debug.deterministic)
+        seed_everything(cfg.debug.seed, "init")
+        state = build_train_state(cfg, world, layout, family, args, tokenizer)
+        run_dir = write_run_files(cfg, world)
+        accumulation = grad_accumulation_steps(cfg, layout.dp_size)
+        metrics = MetricsLogger(
+            cfg,
+            rank=world.rank,
+            world_size=world.world_size,
+            num_flops_per_token=family.flops_per_token(args, cfg.training.seq_len),
+            device=world.device,
+            dtype=layout.compute_dtype,
+        )
+        logger.info(
+            "model %s %s: %.3fM parameters; %s; %d microbatch(es) of %d x %d per step on each of %d dp rank(s)",
+            cfg.model.name, cfg.model.flavor, family.count_params(state.model_parts[0]) / 1e6, layout.describe(),
+            accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.dp_size,
+        )
+        layout.log_memory(state)
+        data = iter(state.dataloader)
+        # Python's automatic GC pauses at random steps; collect on a fixed schedule instead.
+        gc.disable()
+        try:
+            with maybe_profile(cfg, run_dir, world.rank) as profiler, maybe_memory_snapshot(cfg, run_dir, world.rank):
+                while state.step < cfg.training.steps:
+                    batch = [to_device(next(data), world.device) for _ in range(accumulation)]
+                    step_metrics = train_step(state, batch)
+                    if state.step % cfg.metrics.log_freq == 0 or state.step == cfg.training.steps:
+                        metrics.log(state.step, step_metrics, tokens_seen=state.tokens_seen)
+                    if profiler is not None:
+                        profiler.step()
+                    if state.step % cfg.training.gc_freq == 0:
+                        gc.collect(1)
+        finally:
+            gc.enable()
+            metrics.close()
+        logger.info("training done: %d steps, %d tokens, outputs in %s", state.step, state.tokens_seen, run_dir)
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}

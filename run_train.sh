@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Train with dtrain.
+#   ./run_train.sh                                   the debug model on the built-in corpus (CPU or GPU)
+#   ./run_train.sh --config llama3_8b --training.steps 10
+#   NPROC=4 ./run_train.sh --parallelism.tensor_parallel_degree 2
+#
+# Environment:
+#   NPROC (alias NGPU)   processes on this machine; default: the number of GPUs, or 1 on CPU
+#   NNODES, NODE_RANK    multi-node runs; with RDZV_ENDPOINT (host:port, c10d rendezvous, preferred)
+#                        or MASTER_ADDR/MASTER_PORT (static rendezvous)
+#   LOG_RANK             which local rank prints (default 0; "all" for every rank)
+#   CONFIG_FILE          config file or name, as --config (torchtitan habit)
+set -euo pipefail
+cd "$(dirname "$0")"
+source scripts/setup_env.sh
+
+nproc="${NPROC:-${NGPU:-}}"
+if [ -z "$nproc" ]; then
+    nproc="$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
+fi
+nnodes="${NNODES:-1}"
+
+if [ "$nproc" = "1" ] && [ "$nnodes" = "1" ]; then
+    exec python -m dtrain.main "$@"
+fi
+
+# Validate once, before torchrun starts any worker: a bad config gets one line, not one per rank plus
+# torchrun's failure report. --help and print_config are answered here too.
+# Exit code 3 means the check answered the request itself (--help, print_config): nothing to launch.
+check=0
+WORLD_SIZE=$((nproc * nnodes)) python -m dtrain.main --launcher_check "$@" || check=$?
+if [ "$check" = 3 ]; then exit 0; fi
+if [ "$check" != 0 ]; then exit "$check"; fi
+
+log_rank="${LOG_RANK:-0}"
+rank_filter=()
+if [ "$log_rank" != "all" ]; then
+    rank_filter=(--local-ranks-filter "$log_rank")
+fi
+if [ "$nnodes" = "1" ]; then
+    rendezvous=(--standalone)
+elif [ -n "${RDZV_ENDPOINT:-}" ]; then
+    rendezvous=(--nnodes "$nnodes" --rdzv_backend c10d --rdzv_endpoint "$RDZV_ENDPOINT" --rdzv_id "${RDZV_ID:-dtrain}")
+else
+    rendezvous=(--nnodes "$nnodes" --node_rank "${NODE_RANK:?NODE_RANK is needed with NNODES > 1}"
+        --master_addr "${MASTER_ADDR:?MASTER_ADDR or RDZV_ENDPOINT is needed with NNODES > 1}"
+        --master_port "${MASTER_PORT:-29500}")
+fi
+export LOG_RANK="$log_rank"
+exec torchrun --nproc_per_node "$nproc" "${rendezvous[@]}" "${rank_filter[@]}" --role rank --tee 3 \
+    -m dtrain.main "$@"
