@@ -34,6 +34,10 @@ class Layout:
     def init_weights(self, model: nn.Module, seed: int) -> None:
         model.init_weights()
 
+    def local_metrics(self, metrics: dict) -> dict:
+        """Step metrics as plain local tensors for the logger (DTensors are made whole here)."""
+        return metrics
+
     def describe(self) -> str:
         return "1 process"
 

@@ -19,15 +19,15 @@ ANSWERED = 3
 
 
 def run(argv: list[str]) -> int:
-    from dtrain.config import format_help, help_requested, load_config, to_toml, validate_config
+    from dtrain.config import format_help, help_requested, load_config, to_toml
 
     launcher_check = LAUNCHER_CHECK_FLAG in argv
     argv = [a for a in argv if a != LAUNCHER_CHECK_FLAG]
     if help_requested(argv):
-        print(format_help())
+        # With --config, the help shows that file's values as the defaults.
+        print(format_help(load_config(argv)))
         return ANSWERED if launcher_check else 0
     cfg = load_config(argv)
-    validate_config(cfg)
     if cfg.job.print_config:
         print(to_toml(cfg), end="")
         return ANSWERED if launcher_check else 0
@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         return run(argv)
+    except BrokenPipeError:
+        # `--help | head` closed the pipe early: not an error worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except DtrainError as err:
         if os.environ.get("DTRAIN_TRACEBACK"):
             raise

@@ -21,7 +21,7 @@ from dtrain.distributed import World, init_world
 from dtrain.layout import Layout, build_layout
 from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.metrics import MetricsLogger
-from dtrain.models import ModelFamily
+from dtrain.models import ModelFamily, count_params
 from dtrain.optim import build_optimizer
 from dtrain.profiling import maybe_memory_snapshot, maybe_profile
 from dtrain.rng import seed_everything, set_determinism
@@ -97,22 +97,28 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
         )
         logger.info(
             "model %s %s: %.3fM parameters; %s; %d microbatch(es) of %d x %d per step on each of %d dp rank(s)",
-            cfg.model.name, cfg.model.flavor, family.count_params(state.model_parts[0]) / 1e6, layout.describe(),
+            cfg.model.name, cfg.model.flavor, count_params(state.model_parts[0]) / 1e6, layout.describe(),
             accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.dp_size,
         )
         layout.log_memory(state)
         data = iter(state.dataloader)
+        metrics.start(state.step, state.tokens_seen)
+        logged_tokens = state.tokens_seen
         # Python's automatic GC pauses at random steps; collect on a fixed schedule instead.
         gc.disable()
         try:
-            with maybe_profile(cfg, run_dir, world.rank) as profiler, maybe_memory_snapshot(cfg, run_dir, world.rank):
+            with (
+                maybe_profile(cfg, run_dir, world.rank, start_step=state.step) as profiler,
+                maybe_memory_snapshot(cfg, run_dir, world.rank, world.device, start_step=state.step) as snapshot,
+            ):
                 while state.step < cfg.training.steps:
                     batch = [to_device(next(data), world.device) for _ in range(accumulation)]
                     step_metrics = train_step(state, batch)
-                    if state.step % cfg.metrics.log_freq == 0 or state.step == cfg.training.steps:
-                        metrics.log(state.step, step_metrics, tokens_seen=state.tokens_seen)
-                    if profiler is not None:
-                        profiler.step()
+                    if metrics.should_log(state.step):
+                        metrics.log(state.step, layout.local_metrics(step_metrics), state.tokens_seen - logged_tokens)
+                        logged_tokens = state.tokens_seen
+                    profiler.step()
+                    snapshot.step()
                     if state.step % cfg.training.gc_freq == 0:
                         gc.collect(1)
         finally:

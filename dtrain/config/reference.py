@@ -1,0 +1,47 @@
+"""The Markdown field reference of docs/configuration.md, generated from the schema.
+
+`scripts/gen_config_docs.py` writes it between the markers below; a test fails when the committed doc and the
+schema disagree, so the reference cannot drift.
+"""
+
+from __future__ import annotations
+
+from dtrain.config.fields import FieldSpec, config_fields, section_names
+from dtrain.config.toml_io import toml_value
+
+BEGIN_MARKER = "<!-- BEGIN GENERATED FIELD REFERENCE (scripts/gen_config_docs.py) -->"
+END_MARKER = "<!-- END GENERATED FIELD REFERENCE -->"
+
+
+def _cell(text: str) -> str:
+    """Text that is safe inside a Markdown table cell."""
+    return text.replace("|", "\\|")
+
+
+def _description(spec: FieldSpec) -> str:
+    parts = [spec.doc]
+    if spec.choices:
+        parts.append("One of " + ", ".join(f"`{c}`" for c in spec.choices) + ".")
+    if spec.minimum is not None:
+        parts.append(f"Minimum {spec.minimum:g}.")
+    return _cell(" ".join(parts))
+
+
+def format_reference_markdown() -> str:
+    """One table per section: key, type, TOML default (or unset), and description with choices and minimum."""
+    lines: list[str] = []
+    specs = list(config_fields().values())
+    for section in section_names():
+        lines += [f"### `[{section}]`", "", "| Key | Type | Default | Description |", "|---|---|---|---|"]
+        for spec in (s for s in specs if s.section == section):
+            default = "unset" if spec.default is None else f"`{_cell(toml_value(spec.default))}`"
+            lines.append(f"| `{spec.name}` | {_cell(spec.type_name)} | {default} | {_description(spec)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def splice_reference(document: str) -> str:
+    """`document` with the text between the markers replaced by the current reference."""
+    start = document.index(BEGIN_MARKER) + len(BEGIN_MARKER)
+    end = document.index(END_MARKER)
+    return document[:start] + "\n\n" + format_reference_markdown() + "\n" + document[end:]

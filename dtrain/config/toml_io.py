@@ -1,0 +1,85 @@
+"""Reading TOML config files and writing a resolved JobConfig back out as TOML (or a plain dict).
+
+The writer covers exactly the value types the schema allows (bool, int, float, str, list of str) so that its
+output loads back into an equal config; TOML has no null, so unset (None) fields are left out and load back as
+their default, which is None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from dtrain.config.schema import JobConfig
+from dtrain.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+# TOML basic-string escapes; every other control character (and DEL) is written as \uXXXX.
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; a syntax error or unreadable file is a one-line ConfigError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"cannot parse {path}: {err}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"cannot parse {path}: not UTF-8 text") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror}") from None
+
+
+def config_to_dict(cfg: JobConfig) -> dict[str, dict[str, Any]]:
+    """The config as {section: {key: value}} with fresh lists (None kept for unset fields)."""
+    return dataclasses.asdict(cfg)
+
+
+def toml_string(text: str) -> str:
+    """`text` as a TOML basic string."""
+    out = []
+    for ch in text:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def toml_value(value: Any) -> str:
+    """A config value as a TOML literal."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)  # shortest round-tripping form, e.g. 0.0008 or 1e-08; both are valid TOML
+    if isinstance(value, str):
+        return toml_string(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} value {value!r} as TOML")
+
+
+def to_toml(cfg: JobConfig) -> str:
+    """The whole resolved config as TOML: every section and every set key, in schema order."""
+    lines = ["# Resolved dtrain config: defaults, then the TOML file, then command-line overrides."]
+    for section, values in config_to_dict(cfg).items():
+        lines.append("")
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {toml_value(value)}" for key, value in values.items() if value is not None)
+    return "\n".join(lines) + "\n"

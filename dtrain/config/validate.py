@@ -1,0 +1,118 @@
+"""Checks of a JobConfig that need nothing but the config itself (no world size, no devices, no files).
+
+`validate_config` first re-checks every field's type, choices and minimum (a config built or edited in Python never
+went through the loader), then the rules that involve one field's meaning or several fields. Checks that need
+the world size (parallel degrees, divisibility by the data-parallel size) belong to mesh construction.
+"""
+
+from __future__ import annotations
+
+from dtrain.config.fields import config_fields
+from dtrain.config.schema import JobConfig
+from dtrain.config.values import coerce_value, show_value
+from dtrain.errors import ConfigError
+
+# Pipeline schedules by the names torch.distributed.pipelining knows them; matched case-insensitively.
+PIPELINE_SCHEDULES = (
+    "GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"
+)
+COMPILE_COMPONENTS = ("model", "loss")
+
+
+def canonical_schedule(name: str) -> str | None:
+    """The canonical spelling of a pipeline schedule name given in any case, or None when it is not one."""
+    return {s.lower(): s for s in PIPELINE_SCHEDULES}.get(name.lower())
+
+
+def validate_config(cfg: JobConfig) -> None:
+    """Raise a one-line ConfigError naming the key(s) of the first problem found; return None when valid."""
+    _check_fields(cfg)
+    _check_training(cfg)
+    _check_optimizer_and_schedule(cfg)
+    _check_parallelism(cfg)
+    _check_activation_checkpoint_and_compile(cfg)
+    _check_data_and_tokenizer(cfg)
+    _check_profiling(cfg)
+
+
+def _check_fields(cfg: JobConfig) -> None:
+    for spec in config_fields().values():
+        coerce_value(spec, getattr(getattr(cfg, spec.section), spec.name))
+
+
+def _check_training(cfg: JobConfig) -> None:
+    t = cfg.training
+    if t.seq_len < 2:
+        raise ConfigError(f"training.seq_len must be >= 2 (each sample predicts its next token); got {t.seq_len}")
+    if t.global_batch_size == 0 or (t.global_batch_size > 0 and t.global_batch_size % t.local_batch_size):
+        raise ConfigError(
+            f"training.global_batch_size must be -1 or a positive multiple of training.local_batch_size "
+            f"({t.local_batch_size}); got {t.global_batch_size}"
+        )
+    if not cfg.job.dump_folder:
+        raise ConfigError("job.dump_folder must not be empty (it is the run directory; e.g. ./outputs)")
+
+
+def _check_optimizer_and_schedule(cfg: JobConfig) -> None:
+    for name in ("beta1", "beta2"):
+        value = getattr(cfg.optimizer, name)
+        if value >= 1:
+            raise ConfigError(f"optimizer.{name} must be in [0, 1); got {value}")
+    ratio = cfg.lr_scheduler.decay_ratio
+    if ratio is not None and ratio > 1:
+        raise ConfigError(f"lr_scheduler.decay_ratio must be in [0, 1] (or unset); got {ratio:g}")
+    if cfg.lr_scheduler.min_lr_factor > 1:
+        raise ConfigError(f"lr_scheduler.min_lr_factor must be in [0, 1]; got {cfg.lr_scheduler.min_lr_factor:g}")
+
+
+def _check_parallelism(cfg: JobConfig) -> None:
+    p = cfg.parallelism
+    if p.data_parallel_shard_degree == 0:
+        # The schema's minimum is -1 (automatic), which lets 0 through; 0 shards is never meaningful.
+        raise ConfigError("parallelism.data_parallel_shard_degree must be -1 (automatic) or a positive integer; got 0")
+    if canonical_schedule(p.pipeline_parallel_schedule) is None:
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_schedule must be one of {', '.join(PIPELINE_SCHEDULES)}; "
+            f"got {show_value(p.pipeline_parallel_schedule)}"
+        )
+    if p.pipeline_parallel_degree > 1 and cfg.training.local_batch_size % p.pipeline_parallel_microbatch_size:
+        raise ConfigError(
+            f"training.local_batch_size ({cfg.training.local_batch_size}) must be a multiple of "
+            f"parallelism.pipeline_parallel_microbatch_size ({p.pipeline_parallel_microbatch_size})"
+        )
+    if p.enable_async_tensor_parallel and not (cfg.compile.enable and "model" in cfg.compile.components):
+        raise ConfigError(
+            "parallelism.enable_async_tensor_parallel needs compile.enable = true with model in compile.components"
+        )
+
+
+def _check_activation_checkpoint_and_compile(cfg: JobConfig) -> None:
+    option = cfg.activation_checkpoint.selective_ac_option
+    if option != "op" and not (option.isascii() and option.isdigit() and int(option) > 0):
+        raise ConfigError(
+            f"activation_checkpoint.selective_ac_option must be a positive integer (as a string) or op; "
+            f"got {show_value(option)}"
+        )
+    for component in cfg.compile.components:
+        if component not in COMPILE_COMPONENTS:
+            raise ConfigError(
+                f"compile.components may contain {', '.join(COMPILE_COMPONENTS)}; got {show_value(component)}"
+            )
+
+
+def _check_data_and_tokenizer(cfg: JobConfig) -> None:
+    if cfg.training.dataset in ("files", "hf") and not cfg.training.dataset_path:
+        raise ConfigError(f"training.dataset = {cfg.training.dataset} needs training.dataset_path")
+    if cfg.model.tokenizer in ("hf", "tiktoken") and not cfg.model.hf_assets_path:
+        raise ConfigError(
+            f"model.tokenizer = {cfg.model.tokenizer} needs model.hf_assets_path (the folder or file holding it)"
+        )
+
+
+def _check_profiling(cfg: JobConfig) -> None:
+    p = cfg.profiling
+    if p.enable_profiling and p.profiler_warmup + p.profiler_active > p.profile_freq:
+        raise ConfigError(
+            f"profiling.profiler_warmup + profiling.profiler_active ({p.profiler_warmup} + {p.profiler_active}) "
+            f"must be <= profiling.profile_freq ({p.profile_freq})"
+        )

@@ -1,0 +1,56 @@
+"""Configures the "dtrain" logger that every module of the trainer logs through.
+
+With many ranks, identical lines from each would drown the output, so one rank logs at INFO and the others only
+report warnings and errors. ``LOG_RANK`` picks the logging rank (default 0); ``LOG_RANK=all`` lets every rank log.
+Each line carries its rank, so interleaved output from several ranks stays readable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from dtrain.errors import ConfigError
+
+LOGGER_NAME = "dtrain"
+LOG_RANK_ENV = "LOG_RANK"
+
+
+class _DtrainHandler(logging.StreamHandler):
+    """The handler setup_logging installs; its type lets a second call replace it instead of adding another."""
+
+
+def _resolve_log_rank(log_rank: int | str | None) -> int | str:
+    """The rank that logs at INFO: the argument, else $LOG_RANK, else 0. "all" means every rank."""
+    value = os.environ.get(LOG_RANK_ENV, "0") if log_rank is None else log_rank
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().lower()
+    if text == "all":
+        return "all"
+    if text.isdigit():
+        return int(text)
+    raise ConfigError(f"{LOG_RANK_ENV}={value!r} is not a rank; use a rank number (e.g. 0) or 'all'")
+
+
+def setup_logging(rank: int, log_rank: int | str | None = None) -> logging.Logger:
+    """Configure and return the "dtrain" logger for this process.
+
+    ``log_rank`` is the rank that logs at INFO level (an int, or "all" for every rank); when left as None it comes
+    from the LOG_RANK environment variable, default 0. Other ranks log WARNING and above. Lines go to stderr as
+    ``[rank<r>] <time> <LEVEL> <message>``. Calling it again (e.g. after the rank becomes known) reconfigures the
+    logger instead of duplicating its output.
+    """
+    chosen = _resolve_log_rank(log_rank)
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.setLevel(logging.INFO if chosen == "all" or chosen == rank else logging.WARNING)
+    for handler in [h for h in logger.handlers if isinstance(h, _DtrainHandler)]:
+        logger.removeHandler(handler)
+    handler = _DtrainHandler()
+    handler.setFormatter(
+        logging.Formatter(f"[rank{rank}] %(asctime)s %(levelname)s %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
+    )
+    logger.addHandler(handler)
+    # The root logger may carry handlers of its own (a library's basicConfig); without this each line prints twice.
+    logger.propagate = False
+    return logger
