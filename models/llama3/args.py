@@ -1,0 +1,158 @@
+"""Hyperparameters of the Llama 3 family and its published size presets (flavors).
+
+The trainer takes a flavor and overrides what depends on the run, e.g.
+``replace(LLAMA3_FLAVORS["8B"], vocab_size=..., max_seq_len=..., tie_word_embeddings=...)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1 RoPE frequency scaling (the ``rope_scaling`` block of the published configs).
+
+    Wavelengths shorter than ``original_max_position_embeddings / high_freq_factor`` keep their frequency, those
+    longer than ``original_max_position_embeddings / low_freq_factor`` are slowed down by ``factor``, and the band in
+    between is interpolated smoothly between the two.
+    """
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.factor <= 0:
+            raise ValueError(f"rope_scaling.factor must be > 0, got {self.factor}")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed "
+                f"rope_scaling.low_freq_factor ({self.low_freq_factor})"
+            )
+        if self.original_max_position_embeddings <= 0:
+            raise ValueError(
+                "rope_scaling.original_max_position_embeddings must be > 0, "
+                f"got {self.original_max_position_embeddings}"
+            )
+
+
+@dataclass
+class Llama3Args:
+    """Shape and numerics of a Llama 3 transformer. The defaults are Llama 3 8B (8k context, no RoPE scaling)."""
+
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    # Key/value heads; fewer than n_heads is grouped-query attention (GQA), equal is multi-head attention.
+    n_kv_heads: int = 8
+    vocab_size: int = 128256
+    # The SwiGLU hidden size is 8/3 * dim, times ffn_dim_multiplier, rounded up to a multiple of multiple_of.
+    multiple_of: int = 1024
+    ffn_dim_multiplier: float | None = 1.3
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling: RopeScaling | None = None
+    # Longest sequence the RoPE tables cover; the trainer sets it to its training seq_len.
+    max_seq_len: int = 8192
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"Llama3Args.{name} must be > 0, got {getattr(self, name)}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"Llama3Args.dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"Llama3Args.n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"Llama3Args head_dim = dim / n_heads = {self.head_dim} must be even for RoPE")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        """Hidden width of the SwiGLU feed-forward, by Meta's published rule."""
+        hidden = int(2 * (4 * self.dim) / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+
+# Llama 3.1 (8B, 70B, 405B) and 3.2 (1B, 3B) were published with a 128k context and RoPE scaling; 3.2 scales by 32.
+_LLAMA31_SCALING = RopeScaling(
+    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
+_LLAMA32_SCALING = RopeScaling(
+    factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
+
+LLAMA3_FLAVORS: dict[str, Llama3Args] = {
+    # Small enough to train on a laptop CPU; GQA (8 query heads over 4 kv heads) and RoPE scaling are exercised.
+    "debugmodel": Llama3Args(
+        dim=256,
+        n_layers=6,
+        n_heads=8,
+        n_kv_heads=4,
+        vocab_size=2048,
+        multiple_of=256,
+        ffn_dim_multiplier=None,
+        rope_scaling=_LLAMA31_SCALING,
+        max_seq_len=2048,
+    ),
+    "1B": Llama3Args(
+        dim=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        multiple_of=256,
+        ffn_dim_multiplier=1.5,
+        rope_scaling=_LLAMA32_SCALING,
+        max_seq_len=131072,
+        tie_word_embeddings=True,
+    ),
+    "3B": Llama3Args(
+        dim=3072,
+        n_layers=28,
+        n_heads=24,
+        n_kv_heads=8,
+        multiple_of=256,
+        ffn_dim_multiplier=1.0,
+        rope_scaling=_LLAMA32_SCALING,
+        max_seq_len=131072,
+        tie_word_embeddings=True,
+    ),
+    "8B": Llama3Args(
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        multiple_of=1024,
+        ffn_dim_multiplier=1.3,
+        rope_scaling=_LLAMA31_SCALING,
+        max_seq_len=131072,
+    ),
+    "70B": Llama3Args(
+        dim=8192,
+        n_layers=80,
+        n_heads=64,
+        n_kv_heads=8,
+        multiple_of=4096,
+        ffn_dim_multiplier=1.3,
+        rope_scaling=_LLAMA31_SCALING,
+        max_seq_len=131072,
+    ),
+    "405B": Llama3Args(
+        dim=16384,
+        n_layers=126,
+        n_heads=128,
+        n_kv_heads=8,
+        multiple_of=4096,
+        ffn_dim_multiplier=1.2,
+        rope_scaling=_LLAMA31_SCALING,
+        max_seq_len=131072,
+    ),
+}

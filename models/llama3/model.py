@@ -1,0 +1,212 @@
+"""The Llama 3 transformer in plain single-device PyTorch.
+
+Parameter names (FQNs) are torchtitan's, so checkpoints move between the two projects: ``tok_embeddings``,
+``layers.N.attention.{wq,wk,wv,wo}``, ``layers.N.feed_forward.{w1,w2,w3}``, ``layers.N.attention_norm``,
+``layers.N.ffn_norm``, ``norm``, ``output``.
+
+Parallelism is applied from outside (``dtrain.parallelize``), which relies on a few properties kept here:
+- attention derives its number of heads from the projected tensors, never from the args, because under tensor
+  parallelism each rank holds only a slice of the heads;
+- ``layers`` is an ``nn.ModuleDict`` keyed "0".."N-1" and ``tok_embeddings``/``norm``/``output`` may be set to
+  None, so a pipeline stage is this same model with the parts it does not own removed;
+- every block can initialise itself (``init_weights``), so a stage initialises only what it holds.
+
+Initialisation (``init_weights``), torchtitan-like, every draw a normal truncated at +-3 std from torch's default
+generator (the caller seeds it):
+- ``tok_embeddings`` and each block's ``wq``/``wk``/``wv``/``w1``: std 0.02;
+- each block's ``wo``/``w2``/``w3``: std ``0.02 / sqrt(2 * (layer_id + 1))`` (deeper layers start smaller, which
+  keeps the residual stream's variance from growing with depth);
+- ``output``: std ``dim ** -0.5``; when tied to the embedding, the shared weight gets the embedding's init;
+- RMSNorm weights: ones.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .args import Llama3Args
+from .rope import apply_rotary_emb, precompute_rope_cache
+
+BASE_INIT_STD = 0.02
+TRUNCATION_STDS = 3.0
+
+
+def _trunc_normal_(weight: torch.Tensor, std: float) -> None:
+    nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-TRUNCATION_STDS * std, b=TRUNCATION_STDS * std)
+
+
+def depth_scaled_init_std(layer_id: int) -> float:
+    """Init std of the projections that write into the residual stream in block ``layer_id``."""
+    return BASE_INIT_STD / math.sqrt(2 * (layer_id + 1))
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned scale and no bias; statistics are taken in float32."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """Repeat each key/value head ``n_rep`` times: ``[b, s, kv_heads, d] -> [b, s, kv_heads * n_rep, d]``.
+
+    Query head ``h`` then lines up with kv head ``h // n_rep``, the grouping GQA checkpoints were trained with.
+    """
+    if n_rep == 1:
+        return x
+    bsz, seqlen, n_kv_heads, head_dim = x.shape
+    return x[:, :, :, None, :].expand(bsz, seqlen, n_kv_heads, n_rep, head_dim).reshape(
+        bsz, seqlen, n_kv_heads * n_rep, head_dim
+    )
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention with RoPE on queries and keys, through scaled_dot_product_attention."""
+
+    def __init__(self, args: Llama3Args) -> None:
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        # -1, not n_heads: under tensor parallelism this rank's projections hold only its share of the heads.
+        q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        q = apply_rotary_emb(q, rope_cache)
+        k = apply_rotary_emb(k, rope_cache)
+        n_rep = q.shape[2] // k.shape[2]
+        k = repeat_kv(k, n_rep)
+        v = repeat_kv(v, n_rep)
+        # SDPA wants [batch, heads, seq, head_dim]; is_causal lets it pick flash/efficient kernels where present.
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+    def init_weights(self, out_std: float) -> None:
+        for linear in (self.wq, self.wk, self.wv):
+            _trunc_normal_(linear.weight, BASE_INIT_STD)
+        _trunc_normal_(self.wo.weight, out_std)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
+
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, out_std: float) -> None:
+        _trunc_normal_(self.w1.weight, BASE_INIT_STD)
+        _trunc_normal_(self.w2.weight, out_std)
+        _trunc_normal_(self.w3.weight, out_std)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: ``h = x + attention(norm(x))``, ``out = h + feed_forward(norm(h))``."""
+
+    def __init__(self, layer_id: int, args: Llama3Args) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
+
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope_cache)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        out_std = depth_scaled_init_std(self.layer_id)
+        self.attention.init_weights(out_std)
+        self.feed_forward.init_weights(out_std)
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+
+
+class Transformer(nn.Module):
+    """Llama 3: ``tokens [B, S] -> logits [B, S, vocab]`` (the loss lives outside the model).
+
+    A pipeline stage is this model with some of ``layers`` deleted and ``tok_embeddings``, ``norm`` or ``output``
+    set to None: the forward passes through what exists, so a middle stage maps hidden states to hidden states.
+    Built on a real device it comes initialised; built on ``meta``, call ``to_empty`` then ``init_weights``.
+    """
+
+    def __init__(self, args: Llama3Args) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
+        self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        # Not persistent: it is a function of the args, never read from a checkpoint. The placeholder only fixes
+        # the device; init_weights computes the table there.
+        self.register_buffer("rope_cache", torch.empty(0), persistent=False)
+        self.init_weights()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.layers.values():
+            h = layer(h, self.rope_cache)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
+
+    def init_weights(self, buffer_device: torch.device | str | None = None) -> None:
+        """(Re)initialise every parameter this model (or stage) holds and recompute the RoPE table.
+
+        ``buffer_device`` places the RoPE table (default: where it is now), e.g. on the GPU while the
+        parameters are offloaded to the CPU.
+        """
+        args = self.args
+        device = buffer_device if buffer_device is not None else self.rope_cache.device
+        with torch.no_grad():
+            self.rope_cache = precompute_rope_cache(
+                args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling, device
+            )
+            if self.tok_embeddings is not None:
+                _trunc_normal_(self.tok_embeddings.weight, BASE_INIT_STD)
+            for layer in self.layers.values():
+                layer.init_weights()
+            if self.norm is not None:
+                self.norm.reset_parameters()
+            if self.output is not None:
+                # A tied head is the embedding table: initialise it as one (once, if this model holds both).
+                if not args.tie_word_embeddings:
+                    _trunc_normal_(self.output.weight, args.dim**-0.5)
+                elif self.tok_embeddings is None:
+                    _trunc_normal_(self.output.weight, BASE_INIT_STD)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Transformer:
+        # Converting parameters one module at a time (to_empty, and .to() across incompatible devices) gives the
+        # embedding and the head separate new tensors; restore the tie so they stay one parameter.
+        super()._apply(fn, recurse)
+        if self.args.tie_word_embeddings and self.tok_embeddings is not None and self.output is not None:
+            if self.output.weight is not self.tok_embeddings.weight:
+                self.output.weight = self.tok_embeddings.weight
+        return self
