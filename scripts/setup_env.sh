@@ -17,17 +17,21 @@ if [ -z "${VIRTUAL_ENV:-}" ] && [ -z "${CONDA_PREFIX:-}" ]; then
     source "$dtrain_root/.venv/bin/activate"
 fi
 
-# Reinstall when pyproject.toml or the requested extras change; the stamp lives inside the environment.
+# Reinstall when pyproject.toml/setup.py change or extras are asked for that the environment lacks; the stamp
+# (a checksum of both files, then the installed extras) lives inside the environment.
 dtrain_stamp="$(python -c 'import sys; print(sys.prefix)')/.dtrain-install-stamp"
-dtrain_want="$(cat "$dtrain_root/pyproject.toml" "$dtrain_root/setup.py" | cksum | cut -d' ' -f1)-${dtrain_extras}"
-if [ "$(cat "$dtrain_stamp" 2>/dev/null)" != "$dtrain_want" ] \
-    || ! python -c "import dtrain.models, dtrain.parallelize" >/dev/null 2>&1; then
+dtrain_sum="$(cat "$dtrain_root/pyproject.toml" "$dtrain_root/setup.py" | cksum | cut -d' ' -f1)"
+read -r dtrain_have_sum dtrain_have_extras 2>/dev/null < "$dtrain_stamp" || true
+if [ "${dtrain_have_sum:-}" != "$dtrain_sum" ] \
+    || { [ -n "$dtrain_extras" ] && [ "$dtrain_extras" != "${dtrain_have_extras:-}" ]; } \
+    || ! python -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('torch') and u.find_spec('dtrain.models')))" \
+        >/dev/null 2>&1; then
     echo "dtrain: installing dependencies into $(python -c 'import sys; print(sys.prefix)')" >&2
     python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     if ! python -c "import torch" >/dev/null 2>&1; then
         python -m pip install -q "torch==2.13.0"
     fi
     python -m pip install -q -e "$dtrain_root${dtrain_extras:+[$dtrain_extras]}"
-    echo "$dtrain_want" > "$dtrain_stamp"
+    echo "$dtrain_sum $dtrain_extras" > "$dtrain_stamp"
 fi
-unset dtrain_stamp dtrain_want dtrain_extras
+unset dtrain_stamp dtrain_sum dtrain_extras dtrain_have_sum dtrain_have_extras
