@@ -1,0 +1,33 @@
+"""Helpers to run ./run_train.sh as a user would, inside the environment that runs the tests."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# Small enough for a few seconds of training on 2 cores, large enough for the loss to fall visibly.
+TINY = ["--training.steps", "8", "--training.seq_len", "64", "--training.local_batch_size", "4",
+        "--metrics.log_freq", "1"]
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """The test interpreter's environment as the active one, so run_train.sh neither creates nor installs."""
+    env = dict(os.environ)
+    env["VIRTUAL_ENV"] = sys.prefix
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("DTRAIN_TRACEBACK", None)
+    env.update(extra)
+    return env
+
+
+def run_train(*args: str, timeout: int = 240, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["./run_train.sh", *args], cwd=REPO, env=user_env(**env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def read_metrics(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
+    return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
+

@@ -1,0 +1,60 @@
+"""End to end through ./run_train.sh on the debug config: training, outputs, determinism and error handling."""
+
+import pytest
+from run_train_helpers import TINY, read_metrics, run_train
+
+pytestmark = pytest.mark.slow
+
+
+def test_debug_model_trains_writes_outputs_and_is_deterministic(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    result = run_train(*TINY, "--job.dump_folder", str(first))
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = read_metrics(first)
+    assert [r["step"] for r in records] == list(range(1, 9))
+    for key in ("step", "loss", "grad_norm", "lr", "tps", "tflops", "mfu", "memory_gib"):
+        assert key in records[0]
+    assert records[0]["mfu"] is None  # no known peak for a CPU: no guess
+    assert records[-1]["loss"] < records[0]["loss"] - 0.5
+    assert list((first / "tb").glob("events.out.tfevents.*"))
+    assert 'flavor = "debugmodel"' in (first / "config.toml").read_text()
+
+    assert run_train(*TINY, "--job.dump_folder", str(second)).returncode == 0
+    assert [r["loss"] for r in read_metrics(second)] == [r["loss"] for r in records]
+
+
+def test_gradient_accumulation_matches_one_big_microbatch(tmp_path):
+    common = [*TINY, "--training.steps", "3", "--training.global_batch_size", "4"]
+    whole = run_train(*common, "--job.dump_folder", str(tmp_path / "whole"))
+    split = run_train(*common, "--training.local_batch_size", "2", "--job.dump_folder", str(tmp_path / "split"))
+    assert whole.returncode == 0 and split.returncode == 0, split.stderr[-2000:]
+    losses = [[r["loss"] for r in read_metrics(tmp_path / name)] for name in ("whole", "split")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_unknown_key_is_one_line_exit_2_and_writes_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("--training.stepz", "3", "--job.dump_folder", str(run_dir))
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: unknown key training.stepz (did you mean training.steps?)"
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not run_dir.exists()
+
+
+def test_missing_tokenizer_names_the_file_and_the_download_script(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train("--config", "llama3_8b", "--job.dump_folder", str(run_dir))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Llama-3.1-8B" in lines[0] and "download_hf_assets.py" in lines[0]
+    assert not run_dir.exists()
+
+
+def test_help_and_print_config_answer_without_training(tmp_path):
+    run_dir = tmp_path / "run"
+    shown = run_train("--help")
+    assert shown.returncode == 0 and "--training.steps" in shown.stdout and "--debug.seed" in shown.stdout
+    printed = run_train("--config", "debug_model.toml", "--training.steps", "7", "--job.print_config",
+                        "--job.dump_folder", str(run_dir))
+    assert printed.returncode == 0 and "steps = 7" in printed.stdout
+    assert not run_dir.exists()
