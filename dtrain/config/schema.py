@@ -86,7 +86,7 @@ class Training:
     global_batch_size: int = opt(
         -1, "Sequences per optimizer step over all ranks; -1 = local_batch_size × data-parallel size.", minimum=-1
     )
-    seq_len: int = opt(2048, "Tokens per sequence.", minimum=1)
+    seq_len: int = opt(2048, "Tokens per sequence.", minimum=2)
     max_norm: float = opt(1.0, "Clip the global gradient norm to this value; 0 disables clipping.", minimum=0.0)
     steps: int = opt(10000, "Optimizer steps to train.", minimum=1)
     mixed_precision_param: str = opt(

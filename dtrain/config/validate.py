@@ -42,8 +42,6 @@ def _check_fields(cfg: JobConfig) -> None:
 
 def _check_training(cfg: JobConfig) -> None:
     t = cfg.training
-    if t.seq_len < 2:
-        raise ConfigError(f"training.seq_len must be >= 2 (each sample predicts its next token); got {t.seq_len}")
     if t.global_batch_size == 0 or (t.global_batch_size > 0 and t.global_batch_size % t.local_batch_size):
         raise ConfigError(
             f"training.global_batch_size must be -1 or a positive multiple of training.local_batch_size "

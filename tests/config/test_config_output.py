@@ -91,7 +91,7 @@ def test_help_lists_every_field_with_type_default_doc():
 def test_help_shows_resolved_values_when_given_a_config(load):
     text = format_help(load(["--training.steps", "77"]))
     assert "--training.steps INT  (default: 77; >= 1)" in text
-    assert "--training.seq_len INT  (default: 128; >= 1)" in text  # from the TOML file
+    assert "--training.seq_len INT  (default: 128; >= 2)" in text  # from the TOML file
 
 
 def test_docs_field_reference_is_up_to_date():

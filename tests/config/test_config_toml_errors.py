@@ -29,7 +29,7 @@ from dtrain.errors import ConfigError
             '[lr_scheduler]\ndecay_type = "exp"\n',
             "lr_scheduler.decay_type must be one of linear, sqrt, cosine; got 'exp' (in {path})",
         ),
-        ("[training]\nseq_len = 0\n", "training.seq_len must be >= 1; got 0 (in {path})"),
+        ("[training]\nseq_len = 0\n", "training.seq_len must be >= 2; got 0 (in {path})"),
         ("[training\nsteps = 3\n", "cannot parse {path}: "),
     ],
 )
