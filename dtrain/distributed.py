@@ -7,13 +7,18 @@ touch torch.distributed's rendezvous.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:  # importing parallelize would load FSDP and TP for every CLI call
+    from dtrain.parallelize.mesh import ParallelMesh
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,12 @@ def pick_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def backend_for(device: torch.device) -> str:
+    """gloo on CPU; on CUDA, NCCL for GPU tensors plus gloo for host tensors (FSDP CPU offload keeps shards and
+    gradients on the host, so clipping their norm all-reduces CPU tensors)."""
+    return "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
+
+
 @contextlib.contextmanager
 def init_world(timeout_s: int = 600) -> Iterator[World]:
     """Join the process group (NCCL on CUDA, gloo on CPU) for the duration of the run and always leave it."""
@@ -48,10 +59,37 @@ def init_world(timeout_s: int = 600) -> Iterator[World]:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(local_rank)
     if world_size > 1:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(backend=backend_for(device), timeout=timedelta(seconds=timeout_s))
     try:
         yield World(int(os.environ.get("RANK", "0")), local_rank, world_size, device)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def dp_rank_and_size(mesh: ParallelMesh | None) -> tuple[int, int]:
+    """This rank's index among the data-parallel ranks and their number: how the dataloader splits the batch."""
+    if mesh is None:
+        return 0, 1
+    dp = mesh["dp"]
+    return dp.get_local_rank(), dp.size()
+
+
+def sum_over_dp(tensor: torch.Tensor, mesh: ParallelMesh | None) -> torch.Tensor:
+    """The sum of `tensor` over the data-parallel ranks, as a new plain tensor (the input is left alone).
+
+    A DTensor (a loss under loss parallel is replicated over the TP ranks) is made whole first; that costs no
+    communication for a replicated value.
+    """
+    if isinstance(tensor, DTensor):
+        tensor = tensor.full_tensor()
+    if mesh is None or mesh["dp"].size() == 1:
+        return tensor.clone()
+    total = tensor.clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mesh["dp"].get_group())
+    return total
+
+
+def dp_summer(mesh: ParallelMesh | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`sum_over_dp` bound to `mesh`: what TrainState.reduce_over_dp expects."""
+    return functools.partial(sum_over_dp, mesh=mesh)

@@ -1,9 +1,16 @@
-"""The trainer's view of the parallel layout: what the step and the loop need from parallelize, in one object."""
+"""The trainer's view of the parallel layout: config → parallelize calls, and what the step and loop need back.
+
+The same path serves one process and many: a single process is a world of one whose "parallelization" is
+activation checkpointing and compile only (no mesh), so every config key means the same thing everywhere.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -13,44 +20,165 @@ from torch import nn
 from dtrain.config.schema import JobConfig
 from dtrain.distributed import World
 from dtrain.errors import ConfigError
+from dtrain.parallelize import (
+    ParallelDims,
+    ParallelismError,
+    ParallelizeOptions,
+    build_mesh,
+    init_weights_like_single_device,
+    init_weights_sharded,
+    local_loss,
+    loss_parallel_context,
+    memory_footprint,
+    parallelize_llama,
+)
+from dtrain.rng import derive_seed
 
 logger = logging.getLogger("dtrain")
+
+# Each model family's parallelize function (its TP plan and application order live in parallelize/).
+PARALLELIZE_FNS = {"llama3": parallelize_llama}
+
+
+def parallel_dims(cfg: JobConfig, world_size: int) -> ParallelDims:
+    p = cfg.parallelism
+    return ParallelDims(
+        world_size,
+        dp_replicate=p.data_parallel_replicate_degree,
+        dp_shard=p.data_parallel_shard_degree,
+        tp=p.tensor_parallel_degree,
+        pp=p.pipeline_parallel_degree,
+        cp=p.context_parallel_degree,
+        ep=p.expert_parallel_degree,
+        sequence_parallel=not p.disable_sequence_parallel,
+        loss_parallel=not p.disable_loss_parallel,
+    )
+
+
+def parallelize_options(cfg: JobConfig, device_type: str) -> ParallelizeOptions:
+    trace = cfg.compile.trace_folder
+    return ParallelizeOptions(
+        device_type=device_type,
+        param_dtype=cfg.training.mixed_precision_param,
+        reduce_dtype=cfg.training.mixed_precision_reduce,
+        reshard_after_forward=cfg.parallelism.fsdp_reshard_after_forward,
+        cpu_offload=cfg.training.enable_cpu_offload,
+        ac_mode=cfg.activation_checkpoint.mode,
+        selective_ac_option=cfg.activation_checkpoint.selective_ac_option,
+        compile_model=cfg.compile.enable and "model" in cfg.compile.components,
+        compile_backend=cfg.compile.backend,
+        compile_trace_dir=os.path.join(cfg.job.dump_folder, trace) if cfg.compile.enable and trace else None,
+        async_tp=cfg.parallelism.enable_async_tensor_parallel,
+    )
+
+
+def check_layout(cfg: JobConfig, world_size: int, model_args) -> int:
+    """Refuse a layout that cannot run, before any process group exists; returns microbatches per step."""
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dims = parallel_dims(cfg, world_size)
+        dims.validate_model(
+            n_heads=model_args.n_heads,
+            n_kv_heads=model_args.n_kv_heads,
+            ffn_hidden_dim=model_args.ffn_hidden_dim,
+            vocab_size=model_args.vocab_size,
+            seq_len=cfg.training.seq_len,
+        )
+        accumulation = dims.gradient_accumulation_steps(cfg.training.local_batch_size, cfg.training.global_batch_size)
+        parallelize_options(cfg, device_type).validate(dims)
+    except ParallelismError as err:
+        raise ConfigError(str(err)) from None
+    return accumulation
 
 
 @dataclass
 class Layout:
-    """How this rank's model is laid out and how the step reduces over data-parallel ranks."""
+    """How this rank's model is laid out, and how the step reduces over the data-parallel ranks."""
 
+    model_name: str
+    dims: ParallelDims
+    options: ParallelizeOptions
+    mesh: object = None
     dp_rank: int = 0
     dp_size: int = 1
     rng_coords: tuple = ()
-    compute_dtype: torch.dtype = torch.float32
     reduce_over_dp: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda t: t)
     loss_context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
+    _meta_reference: nn.Module | None = None
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The matmul dtype (for the MFU peak): FSDP's mixed-precision param dtype, else float32."""
+        return getattr(torch, self.options.param_dtype) if self.dims.fsdp_enabled else torch.float32
 
     def parallelize(self, model: nn.Module) -> nn.Module:
-        return model
+        """Apply TP / AC / compile / FSDP or DDP to a model on the meta device."""
+        # An unparallelized twin for the exact initialisation below; on the meta device it costs nothing.
+        self._meta_reference = copy.deepcopy(model)
+        return PARALLELIZE_FNS[self.model_name](model, self.mesh, self.dims, self.options)
 
     def init_weights(self, model: nn.Module, seed: int) -> None:
-        model.init_weights()
+        """The single-process weights on every layout (exact), except on multi-GPU runs (scalable, see below)."""
+        if self.dims.world_size > 1 and self.options.device_type == "cuda":
+            # A full host copy per rank does not scale to 8B+ on 8 GPUs; DTensor's CUDA offset RNG gives each
+            # shard its own slice of the stream instead (correct, not bit-identical to one GPU). A seed checkpoint
+            # gives exact equality across layouts at any size.
+            init_weights_sharded(model, derive_seed(seed, "init"))
+        else:
+            init_weights_like_single_device(model, self._meta_reference, derive_seed(seed, "init"))
+        self._meta_reference = None
+
+    def wrap_loss(self, loss_fn: Callable) -> Callable:
+        """The loss as a plain tensor also under loss parallel (where cross-entropy returns a DTensor)."""
+        return local_loss(loss_fn) if self.dims.loss_parallel_enabled else loss_fn
 
     def local_metrics(self, metrics: dict) -> dict:
-        """Step metrics as plain local tensors for the logger (DTensors are made whole here)."""
-        return metrics
+        """Step metrics as plain tensors for the logger (a DTensor grad norm is made whole here)."""
+        from torch.distributed.tensor import DTensor
+
+        return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in metrics.items()}
 
     def describe(self) -> str:
-        return "1 process"
+        d = self.dims
+        if d.world_size == 1:
+            return "1 process"
+        kinds = [
+            name
+            for name, on in (
+                ("HSDP", d.hsdp_enabled),
+                ("FSDP", d.fsdp_enabled and not d.hsdp_enabled),
+                ("DDP", d.ddp_enabled),
+                ("TP+SP" if d.sequence_parallel_enabled else "TP", d.tp_enabled),
+            )
+            if on
+        ]
+        return (
+            f"{d.world_size} processes ({'+'.join(kinds)}: dp_replicate {d.dp_replicate} × dp_shard {d.dp_shard}"
+            f" × tp {d.tp})"
+        )
 
-    def log_memory(self, state) -> None:
-        return None
+    def log_memory(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        logger.info("memory on this rank: %s", memory_footprint(model, optimizer).format())
 
 
-def check_layout(cfg: JobConfig, world_size: int, model_args) -> None:
-    """Refuse a layout that cannot run, before any process group exists."""
-    if world_size > 1:
-        raise ConfigError("several processes need the parallelize package, which is not wired yet")
+def build_layout(cfg: JobConfig, world: World) -> Layout:
+    """The layout of this world: mesh, data-parallel coordinates and reductions (after the process group)."""
+    from dtrain.distributed import dp_rank_and_size, dp_summer
 
-
-def build_layout(cfg: JobConfig, world: World, model_args) -> Layout:
-    """The layout for this world."""
-    return Layout()
+    dims = parallel_dims(cfg, world.world_size)
+    options = parallelize_options(cfg, world.device.type)
+    if not world.distributed:
+        return Layout(cfg.model.name, dims, options)
+    mesh = build_mesh(dims, world.device.type)
+    dp_rank, dp_size = dp_rank_and_size(mesh)
+    return Layout(
+        cfg.model.name,
+        dims,
+        options,
+        mesh=mesh,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        rng_coords=("dp", dp_rank),
+        reduce_over_dp=dp_summer(mesh),
+        loss_context=functools.partial(loss_parallel_context, dims),
+    )

@@ -24,18 +24,11 @@ from dtrain.metrics import MetricsLogger
 from dtrain.models import ModelFamily, count_params
 from dtrain.optim import build_optimizer
 from dtrain.profiling import maybe_memory_snapshot, maybe_profile
-from dtrain.rng import seed_everything, set_determinism
+from dtrain.rng import set_determinism
 from dtrain.state import TrainState
 from dtrain.step import cross_entropy_sum, train_step
 
 logger = logging.getLogger("dtrain")
-
-
-def grad_accumulation_steps(cfg: JobConfig, dp_size: int) -> int:
-    """Microbatches per optimizer step on each rank (the global batch is validated to divide evenly)."""
-    per_microbatch = cfg.training.local_batch_size * dp_size
-    global_batch = cfg.training.global_batch_size if cfg.training.global_batch_size > 0 else per_microbatch
-    return global_batch // per_microbatch
 
 
 def build_train_state(cfg: JobConfig, world: World, layout: Layout, family: ModelFamily, args, tokenizer) -> TrainState:
@@ -53,6 +46,7 @@ def build_train_state(cfg: JobConfig, world: World, layout: Layout, family: Mode
     loss_fn = cross_entropy_sum
     if cfg.compile.enable and "loss" in cfg.compile.components:
         loss_fn = torch.compile(loss_fn, backend=cfg.compile.backend)
+    loss_fn = layout.wrap_loss(loss_fn)
     return TrainState(
         model_parts=[model],
         optimizer=optimizer,
@@ -81,12 +75,13 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
     """Run the configured training to completion, starting from what `checks.prepare` resolved."""
     family, tokenizer, args = prepared.family, prepared.tokenizer, prepared.model_args
     with init_world() as world:
-        layout = build_layout(cfg, world, args)
+        layout = build_layout(cfg, world)
         set_determinism(cfg.debug.deterministic)
-        seed_everything(cfg.debug.seed, "init")
         state = build_train_state(cfg, world, layout, family, args, tokenizer)
         run_dir = write_run_files(cfg, world)
-        accumulation = grad_accumulation_steps(cfg, layout.dp_size)
+        accumulation = layout.dims.gradient_accumulation_steps(
+            cfg.training.local_batch_size, cfg.training.global_batch_size
+        )
         metrics = MetricsLogger(
             cfg,
             rank=world.rank,
@@ -100,8 +95,8 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             cfg.model.name, cfg.model.flavor, count_params(state.model_parts[0]) / 1e6, layout.describe(),
             accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.dp_size,
         )
-        layout.log_memory(state)
         data = iter(state.dataloader)
+        start_step = state.step
         metrics.start(state.step, state.tokens_seen)
         logged_tokens = state.tokens_seen
         # Python's automatic GC pauses at random steps; collect on a fixed schedule instead.
@@ -114,6 +109,8 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
                 while state.step < cfg.training.steps:
                     batch = [to_device(next(data), world.device) for _ in range(accumulation)]
                     step_metrics = train_step(state, batch)
+                    if state.step == start_step + 1:
+                        log_after_first_step(cfg, layout, state)
                     if metrics.should_log(state.step):
                         metrics.log(state.step, layout.local_metrics(step_metrics), state.tokens_seen - logged_tokens)
                         logged_tokens = state.tokens_seen
@@ -125,6 +122,16 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             gc.enable()
             metrics.close()
         logger.info("training done: %d steps, %d tokens, outputs in %s", state.step, state.tokens_seen, run_dir)
+
+
+def log_after_first_step(cfg: JobConfig, layout, state: TrainState) -> None:
+    """What only exists once a step has run: optimizer state (memory evidence) and compiled graphs."""
+    layout.log_memory(state.model_parts[0], state.optimizer)
+    if cfg.compile.enable:
+        from dtrain.parallelize import compile_report, stop_compile_trace
+
+        stop_compile_trace()
+        logger.info("compile: %s", compile_report().format())
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -1,1 +1,74 @@
-"""Sharding plans and mesh construction, installed as dtrain.parallelize; the only place that knows DTensor placements."""
+"""Sharding plans and mesh construction, installed as dtrain.parallelize; the only place that knows DTensor placements.
+
+Typical use (the trainer's order):
+
+    dims = ParallelDims(world_size, dp_replicate, dp_shard, tp, ...)        # validates, before any process group
+    dims.validate_model(n_heads=..., n_kv_heads=..., ffn_hidden_dim=..., vocab_size=..., seq_len=...)
+    accumulation = dims.gradient_accumulation_steps(local_batch_size, global_batch_size)
+    options = ParallelizeOptions(...); options.validate(dims)
+    mesh = build_mesh(dims, device_type)                                    # after init_process_group
+    with torch.device("meta"): model = Transformer(args)
+    reference = copy.deepcopy(model)                                        # meta: free
+    parallelize_llama(model, mesh, dims, options)
+    model.to_empty(device=device)
+    init_weights_like_single_device(model, reference, seed)                 # or init_weights_sharded on CUDA
+    loss_fn = local_loss(cross_entropy_sum)                                  # plain loss under loss parallel
+    with loss_parallel_context(dims): forward, loss, backward
+"""
+
+from dtrain.parallelize.activation_checkpoint import SAC_SAVE_OPS, apply_ac
+from dtrain.parallelize.compile import (
+    CompileReport,
+    apply_compile,
+    compile_report,
+    start_compile_trace,
+    stop_compile_trace,
+)
+from dtrain.parallelize.data_parallel import apply_ddp, apply_fsdp
+from dtrain.parallelize.errors import ParallelismError
+from dtrain.parallelize.init import init_weights_like_single_device, init_weights_sharded, model_fqn
+from dtrain.parallelize.llama3 import llama3_tp_plan, parallelize_llama
+from dtrain.parallelize.memory import MemoryFootprint, memory_footprint
+from dtrain.parallelize.mesh import MESH_DIM_NAMES, ParallelMesh, build_mesh, fsdp_mesh
+from dtrain.parallelize.options import ParallelizeOptions
+from dtrain.parallelize.parallel_dims import ParallelDims
+from dtrain.parallelize.tensor_parallel import (
+    apply_tp,
+    check_async_tp,
+    enable_async_tp,
+    format_tp_plan,
+    local_loss,
+    loss_parallel_context,
+)
+
+__all__ = [
+    "MESH_DIM_NAMES",
+    "SAC_SAVE_OPS",
+    "CompileReport",
+    "MemoryFootprint",
+    "ParallelDims",
+    "ParallelMesh",
+    "ParallelismError",
+    "ParallelizeOptions",
+    "apply_ac",
+    "apply_compile",
+    "apply_ddp",
+    "apply_fsdp",
+    "apply_tp",
+    "build_mesh",
+    "check_async_tp",
+    "compile_report",
+    "enable_async_tp",
+    "format_tp_plan",
+    "fsdp_mesh",
+    "init_weights_like_single_device",
+    "init_weights_sharded",
+    "llama3_tp_plan",
+    "local_loss",
+    "loss_parallel_context",
+    "memory_footprint",
+    "model_fqn",
+    "parallelize_llama",
+    "start_compile_trace",
+    "stop_compile_trace",
+]

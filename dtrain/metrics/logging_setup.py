@@ -47,9 +47,9 @@ def setup_logging(rank: int, log_rank: int | str | None = None) -> logging.Logge
     for handler in [h for h in logger.handlers if isinstance(h, _DtrainHandler)]:
         logger.removeHandler(handler)
     handler = _DtrainHandler()
-    handler.setFormatter(
-        logging.Formatter(f"[rank{rank}] %(asctime)s %(levelname)s %(message)s", datefmt="%Y-%m-%d %H:%M:%S")
-    )
+    # torchrun's --tee already starts every line with "[rank<r>]:"; a second tag would only repeat it.
+    tag = "" if "TORCHELASTIC_RUN_ID" in os.environ else f"[rank{rank}] "
+    handler.setFormatter(logging.Formatter(f"{tag}%(asctime)s %(levelname)s %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
     logger.addHandler(handler)
     # The root logger may carry handlers of its own (a library's basicConfig); without this each line prints twice.
     logger.propagate = False

@@ -1,0 +1,87 @@
+"""Data parallelism for decoder models: FSDP2 / HSDP (``fully_shard``) or DDP (composable ``replicate``).
+
+A decoder here has the torchtitan shape: ``tok_embeddings``, ``layers`` (an nn.ModuleDict of blocks), ``norm``
+and ``output``. FSDP units, in the order their parameters are used: the embedding, each block, the head
+(``norm`` + ``output`` together), then the root. A unit's parameters are gathered for its forward and backward
+and sharded otherwise, so peak parameter memory is one unit's full size plus every unit's shard.
+
+Gradients are averaged over the data-parallel ranks (FSDP's and DDP's default); the trainer scales its
+sum-over-global-tokens loss by the dp size to turn that average into the global-token mean.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed._composable.replicate import replicate
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from dtrain.parallelize.errors import ParallelismError
+
+RESHARD_MODES = ("default", "always", "never")
+MIXED_PRECISION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str, key: str) -> torch.dtype:
+    """The torch dtype for a config dtype name, or a one-line error naming `key`."""
+    if name not in MIXED_PRECISION_DTYPES:
+        raise ParallelismError(f"{key}={name!r} is invalid (valid: {', '.join(MIXED_PRECISION_DTYPES)})")
+    return MIXED_PRECISION_DTYPES[name]
+
+
+def _block_reshards(mode: str, is_last: bool) -> bool:
+    # The last block's backward starts right after its forward (only the head runs in between), so under
+    # "default" it keeps its gathered parameters instead of freeing and re-gathering them at once.
+    return {"always": True, "never": False}.get(mode, not is_last)
+
+
+def apply_fsdp(
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    *,
+    param_dtype: torch.dtype = torch.float32,
+    reduce_dtype: torch.dtype = torch.float32,
+    reshard_after_forward: str = "default",
+    cpu_offload: bool = False,
+) -> None:
+    """Shard a decoder with FSDP2 over `dp_mesh` (1-D: FSDP; 2-D (replicate, shard): HSDP), in place.
+
+    ``param_dtype`` is the dtype parameters are gathered and computed in; ``reduce_dtype`` the dtype gradients are
+    reduced in; the sharded master copy stays in the model's dtype. ``cpu_offload`` keeps sharded parameters,
+    gradients and optimizer state in host memory (the optimizer step then runs on the CPU).
+    """
+    if reshard_after_forward not in RESHARD_MODES:
+        raise ParallelismError(
+            f"parallelism.fsdp_reshard_after_forward={reshard_after_forward!r} is invalid "
+            f"(valid: {', '.join(RESHARD_MODES)})"
+        )
+    settings = dict(
+        mesh=dp_mesh,
+        mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+        # Pinned host memory speeds up host<->GPU copies; it needs an accelerator to exist at all.
+        offload_policy=CPUOffloadPolicy(pin_memory=dp_mesh.device_type != "cpu") if cpu_offload else OffloadPolicy(),
+    )
+    # A tied head shares its weight with the embedding: one parameter can belong to one unit only, so both
+    # stay with the root unit.
+    tied = model.output is not None and model.tok_embeddings is not None and (
+        model.output.weight is model.tok_embeddings.weight
+    )
+    if model.tok_embeddings is not None and not tied:
+        fully_shard(model.tok_embeddings, reshard_after_forward=reshard_after_forward != "never", **settings)
+    names = list(model.layers.keys())
+    for name in names:
+        is_last = name == names[-1]
+        fully_shard(model.layers[name], reshard_after_forward=_block_reshards(reshard_after_forward, is_last), **settings)
+    head = [m for m in (model.norm, model.output) if m is not None]
+    if head and not tied:
+        fully_shard(head, reshard_after_forward=reshard_after_forward == "always", **settings)
+    fully_shard(model, reshard_after_forward=reshard_after_forward == "always", **settings)
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
+    """Replicate the whole model over `dp_mesh` with DDP's bucketed gradient all-reduce, in place.
+
+    DDP trains in the model's own dtype: FSDP's mixed-precision settings do not apply to it.
+    """
+    replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100)

@@ -1,0 +1,111 @@
+"""Parallelizing the Llama 3 family: its tensor-parallel plan and the fixed order in which every layer is applied.
+
+Order (torchtitan's, and each step depends on the previous ones):
+1. tensor (+ sequence, + loss) parallel: the plan below; parameters become DTensors on the ``tp`` mesh;
+2. activation checkpointing of blocks (wraps each block, so it must see the TP'd block);
+3. ``torch.compile`` per block (compiles the TP'd, checkpointed block as one graph);
+4. data parallel last: FSDP2 / HSDP (``fully_shard`` adds the ``dp`` dimension to the TP DTensors) or DDP.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+from dtrain.parallelize.activation_checkpoint import apply_ac
+from dtrain.parallelize.compile import apply_compile, start_compile_trace
+from dtrain.parallelize.data_parallel import apply_ddp, apply_fsdp, parse_dtype
+from dtrain.parallelize.errors import ParallelismError
+from dtrain.parallelize.mesh import ParallelMesh, fsdp_mesh
+from dtrain.parallelize.options import ParallelizeOptions
+from dtrain.parallelize.parallel_dims import ParallelDims
+from dtrain.parallelize.tensor_parallel import (
+    ReplicateParallel,
+    SyncOutputRowwiseParallel,
+    TPPlan,
+    apply_tp,
+    enable_async_tp,
+)
+
+
+def llama3_tp_plan(*, sequence_parallel: bool = True, loss_parallel: bool = True) -> TPPlan:
+    """Module path -> ParallelStyle for a Llama 3 model (Megatron layout).
+
+    In each block, wq/wk/wv and w1/w3 are split by output features (whole heads / hidden units per rank) and
+    wo/w2 by input features, so attention and the FFN need one reduction each. With sequence parallel, the
+    activations between those regions (norms, residual stream) are split along the sequence instead of
+    replicated: the reduction becomes a reduce-scatter and the next region starts with an all-gather, for the
+    same traffic and 1/tp of the activation memory. The embedding is split by vocabulary rows and the head by
+    vocabulary columns; with loss parallel the logits stay vocab-sharded into the cross-entropy.
+    """
+    seq = Shard(1)
+    act = seq if sequence_parallel else Replicate()
+    norm_style = SequenceParallel if sequence_parallel else ReplicateParallel
+    # With sequence parallel each region gathers the sequence once at its entry (the RoPE table, attention's
+    # second input, is not sharded). Without it, activations arrive replicated and need no preparation.
+    gather_attention_input = PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None))
+    gather_ffn_input = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+    return {
+        "tok_embeddings": SyncOutputRowwiseParallel(input_layouts=Replicate(), output_layouts=act),
+        "layers.*.attention_norm": norm_style(),
+        **({"layers.*.attention": gather_attention_input} if sequence_parallel else {}),
+        "layers.*.attention.wq": ColwiseParallel(),
+        "layers.*.attention.wk": ColwiseParallel(),
+        "layers.*.attention.wv": ColwiseParallel(),
+        "layers.*.attention.wo": RowwiseParallel(output_layouts=act),
+        "layers.*.ffn_norm": norm_style(),
+        **({"layers.*.feed_forward": gather_ffn_input} if sequence_parallel else {}),
+        "layers.*.feed_forward.w1": ColwiseParallel(),
+        "layers.*.feed_forward.w3": ColwiseParallel(),
+        "layers.*.feed_forward.w2": RowwiseParallel(output_layouts=act),
+        "norm": norm_style(),
+        "output": ColwiseParallel(
+            input_layouts=act,
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        ),
+    }
+
+
+def _is_tied(model: nn.Module) -> bool:
+    return bool(getattr(getattr(model, "args", None), "tie_word_embeddings", False))
+
+
+def parallelize_llama(
+    model: nn.Module, mesh: ParallelMesh | None, dims: ParallelDims, options: ParallelizeOptions
+) -> nn.Module:
+    """Apply TP, activation checkpointing, compile and data parallel to a Llama 3 model, in place (see module doc).
+
+    Typically called on a model built on the meta device; afterwards ``model.to_empty(device=...)`` and
+    ``init_weights_like_single_device`` give it its values. `mesh` may be None only for a single process.
+    """
+    options.validate(dims)
+    if mesh is None and dims.world_size > 1:
+        raise ParallelismError(f"a world of {dims.world_size} processes needs a device mesh (build_mesh)")
+    if dims.tp_enabled:
+        plan = llama3_tp_plan(sequence_parallel=dims.sequence_parallel_enabled, loss_parallel=dims.loss_parallel_enabled)
+        apply_tp(model, mesh["tp"], plan)
+        if _is_tied(model):
+            # Embedding rows and head columns are both Shard(0) of the same [vocab, dim] weight; the plan
+            # distributed them separately, so make them one parameter again.
+            model.output.weight = model.tok_embeddings.weight
+        if options.async_tp:
+            enable_async_tp(mesh["tp"])
+    apply_ac(model.layers, options.ac_mode, options.selective_ac_option)
+    if options.compile_model:
+        if options.compile_trace_dir:
+            start_compile_trace(options.compile_trace_dir)
+        apply_compile(model.layers, options.compile_backend)
+    if dims.fsdp_enabled:
+        apply_fsdp(
+            model,
+            fsdp_mesh(mesh, dims),
+            param_dtype=parse_dtype(options.param_dtype, "training.mixed_precision_param"),
+            reduce_dtype=parse_dtype(options.reduce_dtype, "training.mixed_precision_reduce"),
+            reshard_after_forward=options.reshard_after_forward,
+            cpu_offload=options.cpu_offload,
+        )
+    elif dims.ddp_enabled:
+        apply_ddp(model, mesh["dp_replicate"])
+    return model

@@ -1,0 +1,48 @@
+"""How to parallelize beyond the degrees: precision, resharding, offload, activation checkpointing, compile.
+
+Plain values mirroring the config keys, so that parallelize never needs the trainer's config objects. ``validate``
+checks everything (also against the degrees) before any process group or model exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dtrain.parallelize.activation_checkpoint import parse_selective_option
+from dtrain.parallelize.data_parallel import RESHARD_MODES, parse_dtype
+from dtrain.parallelize.errors import ParallelismError
+from dtrain.parallelize.parallel_dims import ParallelDims
+from dtrain.parallelize.tensor_parallel import check_async_tp
+
+
+@dataclass(frozen=True)
+class ParallelizeOptions:
+    """Everything parallelize_* needs besides the mesh and the degrees (config key in brackets)."""
+
+    device_type: str = "cpu"
+    param_dtype: str = "float32"  # [training.mixed_precision_param], FSDP only
+    reduce_dtype: str = "float32"  # [training.mixed_precision_reduce], FSDP only
+    reshard_after_forward: str = "default"  # [parallelism.fsdp_reshard_after_forward]
+    cpu_offload: bool = False  # [training.enable_cpu_offload], FSDP only
+    ac_mode: str = "none"  # [activation_checkpoint.mode]
+    selective_ac_option: str = "2"  # [activation_checkpoint.selective_ac_option]
+    compile_model: bool = False  # [compile.enable and "model" in compile.components]
+    compile_backend: str = "inductor"  # [compile.backend]
+    compile_trace_dir: str | None = None  # [<job.dump_folder>/<compile.trace_folder> when that is set]
+    async_tp: bool = False  # [parallelism.enable_async_tensor_parallel]
+
+    def validate(self, dims: ParallelDims) -> None:
+        """Raise ParallelismError (one line, naming the key) for any invalid value or combination."""
+        parse_dtype(self.param_dtype, "training.mixed_precision_param")
+        parse_dtype(self.reduce_dtype, "training.mixed_precision_reduce")
+        if self.reshard_after_forward not in RESHARD_MODES:
+            raise ParallelismError(
+                f"parallelism.fsdp_reshard_after_forward={self.reshard_after_forward!r} is invalid "
+                f"(valid: {', '.join(RESHARD_MODES)})"
+            )
+        parse_selective_option(self.ac_mode, self.selective_ac_option)
+        if self.cpu_offload and not dims.fsdp_enabled:
+            raise ParallelismError(
+                "training.enable_cpu_offload offloads FSDP shards and needs parallelism.data_parallel_shard_degree > 1"
+            )
+        check_async_tp(self.async_tp, tp=dims.tp, device_type=self.device_type, compile_model=self.compile_model)

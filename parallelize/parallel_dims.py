@@ -1,0 +1,155 @@
+"""The parallelism degrees of a run, checked against the world size, the model and the batch.
+
+Everything here is plain arithmetic: it runs before any process group exists, so that an impossible layout fails
+in a second with one line naming the config keys, not minutes later inside a collective.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dtrain.parallelize.errors import ParallelismError
+
+# The config key behind each degree, so that every message names what the user has to change.
+CONFIG_KEYS = {
+    "dp_replicate": "parallelism.data_parallel_replicate_degree",
+    "dp_shard": "parallelism.data_parallel_shard_degree",
+    "tp": "parallelism.tensor_parallel_degree",
+    "pp": "parallelism.pipeline_parallel_degree",
+    "cp": "parallelism.context_parallel_degree",
+    "ep": "parallelism.expert_parallel_degree",
+}
+_NOT_IMPLEMENTED = ("pp", "cp", "ep")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _valid_list(values: list[int], limit: int = 8) -> str:
+    """The first `limit` values, comma-separated, with an ellipsis when there are more."""
+    shown = ", ".join(str(v) for v in values[:limit])
+    return shown + (", ..." if len(values) > limit else "")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Degrees of each parallelism; `dp_shard=-1` takes whatever the other degrees leave of the world size.
+
+    `sequence_parallel` and `loss_parallel` only matter when `tp > 1`. Construction validates and resolves -1, so
+    an existing ParallelDims always multiplies to its world size.
+    """
+
+    world_size: int
+    dp_replicate: int = 1
+    dp_shard: int = -1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = True
+    loss_parallel: bool = True
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ParallelismError(f"the world size must be at least 1, got {self.world_size}")
+        for name in CONFIG_KEYS:
+            value = getattr(self, name)
+            if value < 1 and not (name == "dp_shard" and value == -1):
+                valid = "-1 or a positive integer" if name == "dp_shard" else "a positive integer"
+                raise ParallelismError(f"{CONFIG_KEYS[name]}={value} is invalid (valid: {valid})")
+        for name in _NOT_IMPLEMENTED:
+            if getattr(self, name) > 1:
+                raise ParallelismError(f"{CONFIG_KEYS[name]}={getattr(self, name)} is not implemented yet (valid: 1)")
+        others = self.dp_replicate * self.tp * self.pp * self.cp
+        if self.dp_shard == -1:
+            if self.world_size % others:
+                raise ParallelismError(
+                    f"{self._describe(exclude='dp_shard')} does not divide the world size {self.world_size}, "
+                    f"so {CONFIG_KEYS['dp_shard']}=-1 cannot fill the rest"
+                )
+            object.__setattr__(self, "dp_shard", self.world_size // others)
+        if others * self.dp_shard != self.world_size:
+            raise ParallelismError(
+                f"{self._describe()} is not the world size {self.world_size}; "
+                f"set {CONFIG_KEYS['dp_shard']}=-1 to use what the other degrees leave"
+            )
+
+    def _describe(self, exclude: str = "") -> str:
+        """`key=value × key=value = product` over the degrees above 1 that make up the world size."""
+        names = [n for n in ("dp_replicate", "dp_shard", "tp", "pp", "cp") if n != exclude and getattr(self, n) > 1]
+        text = " × ".join(f"{CONFIG_KEYS[n]}={getattr(self, n)}" for n in names)
+        return text if len(names) == 1 else f"{text} = {math.prod(getattr(self, n) for n in names)}"
+
+    # What is enabled. Data parallelism has one owner: fully_shard (FSDP2, or HSDP when replicated too) or, for a
+    # pure replica layout, DDP. TP composes with fully_shard only, so replicate>1 with tp>1 uses HSDP whose shard
+    # dimension may be 1 (each replica then holds whole TP shards, which is DDP semantics on a 2-D mesh).
+    @property
+    def dp_size(self) -> int:
+        """Ranks that see different data: the batch-splitting degree (replicate × shard)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def dp_enabled(self) -> bool:
+        return self.dp_size > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        """Parameters are managed by fully_shard (FSDP2 or HSDP)."""
+        return self.dp_shard > 1 or (self.dp_replicate > 1 and self.tp_enabled)
+
+    @property
+    def hsdp_enabled(self) -> bool:
+        return self.fsdp_enabled and self.dp_replicate > 1
+
+    @property
+    def ddp_enabled(self) -> bool:
+        return self.dp_replicate > 1 and not self.fsdp_enabled
+
+    @property
+    def sequence_parallel_enabled(self) -> bool:
+        return self.tp_enabled and self.sequence_parallel
+
+    @property
+    def loss_parallel_enabled(self) -> bool:
+        return self.tp_enabled and self.loss_parallel
+
+    def validate_model(
+        self, *, n_heads: int, n_kv_heads: int, ffn_hidden_dim: int, vocab_size: int, seq_len: int
+    ) -> None:
+        """Check that TP can split the heads, KV heads, FFN hidden size and vocabulary (and the sequence under SP)."""
+        if not self.tp_enabled:
+            return
+        sizes = {
+            "model.n_heads": n_heads,
+            "model.n_kv_heads": n_kv_heads,
+            "the model's FFN hidden size": ffn_hidden_dim,
+            "the model's vocab size": vocab_size,
+        }
+        if self.sequence_parallel_enabled:
+            sizes["training.seq_len"] = seq_len
+        valid = _divisors(math.gcd(*sizes.values()))
+        for name, size in sizes.items():
+            if size % self.tp:
+                hint = "; or raise model.vocab_size_multiple_of" if "vocab" in name else ""
+                raise ParallelismError(
+                    f"{CONFIG_KEYS['tp']}={self.tp} does not divide {name}={size} (valid: {_valid_list(valid)}{hint})"
+                )
+
+    def gradient_accumulation_steps(self, local_batch_size: int, global_batch_size: int) -> int:
+        """Microbatches per optimizer step; `global_batch_size=-1` means one microbatch on every dp rank."""
+        per_step = local_batch_size * self.dp_size
+        if global_batch_size == -1:
+            return 1
+        if global_batch_size < 1 or global_batch_size % per_step:
+            raise ParallelismError(
+                f"training.global_batch_size={global_batch_size} is not a multiple of training.local_batch_size="
+                f"{local_batch_size} × data-parallel size {self.dp_size} = {per_step} "
+                f"(valid: -1, {per_step}, {2 * per_step}, {3 * per_step}, ...)"
+            )
+        return global_batch_size // per_step

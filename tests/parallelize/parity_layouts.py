@@ -1,0 +1,196 @@
+"""Train a tiny Llama 3 for a few steps in several layouts with the trainer's real step, and a single process too.
+
+Every layout runs inside one spawned world (see dist_harness): build on meta, parallelize, materialize, initialise
+like a single device, then STEPS optimizer steps of the real `train_step` on the same global batches. Rank 0
+returns, per layout, the losses and gradient norms next to the single-process ones, how far the initial weights
+are from the single-process init, and the per-rank memory footprint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from dtrain.config.schema import LRScheduler, Optimizer
+from dtrain.distributed import dp_rank_and_size, dp_summer
+from dtrain.lr_schedule import build_lr_scheduler
+from dtrain.models.llama3 import Llama3Args, Transformer
+from dtrain.optim import build_optimizer
+from dtrain.parallelize import (
+    ParallelDims,
+    ParallelizeOptions,
+    build_mesh,
+    compile_report,
+    init_weights_like_single_device,
+    local_loss,
+    loss_parallel_context,
+    memory_footprint,
+    model_fqn,
+    parallelize_llama,
+    stop_compile_trace,
+)
+from dtrain.state import TrainState
+from dtrain.step import IGNORE_INDEX, cross_entropy_sum, train_step
+
+ARGS = Llama3Args(
+    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=32, ffn_dim_multiplier=None, max_seq_len=16
+)
+STEPS = 10
+GLOBAL_BATCH = 8
+SEQ_LEN = 16
+SEED = 1234
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to lay the model out: ParallelDims degrees, ParallelizeOptions, accumulation and model tweaks.
+
+    `microbatches` per step and rank (gradient accumulation); each costs a round of collectives, the main cost
+    of these tests, so only some layouts accumulate.
+    """
+
+    name: str
+    degrees: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+    microbatches: int = 1
+    tie_word_embeddings: bool = False
+
+
+class NoData:
+    """TrainState wants a Stateful dataloader; batches are fed directly here."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        pass
+
+
+def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(10_000 + step)
+    tokens = torch.randint(0, ARGS.vocab_size, (GLOBAL_BATCH, SEQ_LEN + 1), generator=generator)
+    labels = tokens[:, 1:].clone()
+    labels[step % GLOBAL_BATCH, : 3 + step % 4] = IGNORE_INDEX  # uneven valid-token counts across ranks
+    return tokens[:, :-1], labels
+
+
+def microbatches(step: int, dp_rank: int, dp_size: int, count: int) -> list[dict[str, torch.Tensor]]:
+    """This dp rank's `count` microbatches of the global batch: microbatch m is row block m * dp_size + dp_rank."""
+    inputs, labels = global_batch(step)
+    size = GLOBAL_BATCH // (dp_size * count)
+    blocks = [m * dp_size + dp_rank for m in range(count)]
+    return [{"input_ids": inputs[b * size : (b + 1) * size], "labels": labels[b * size : (b + 1) * size]} for b in blocks]
+
+
+def plain(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def train(model, dims: ParallelDims | None, mesh, accumulation: int) -> dict:
+    """STEPS steps of the real train_step; losses and grad norms as floats, memory after the first step."""
+    optimizer = build_optimizer([model], Optimizer(lr=1e-2), torch.device("cpu"))
+    scheduler = build_lr_scheduler(optimizer, STEPS, LRScheduler(warmup_steps=2))
+    state = TrainState(
+        [model], optimizer, scheduler, NoData(), local_loss(cross_entropy_sum), seed=SEED, max_norm=1.0,
+        dp_size=dims.dp_size if dims else 1,
+        reduce_over_dp=dp_summer(mesh),
+        loss_context=(lambda: loss_parallel_context(dims)) if dims else contextlib.nullcontext,
+    )
+    dp_rank, dp_size = dp_rank_and_size(mesh)
+    losses, norms, memory = [], [], None
+    for step in range(STEPS):
+        metrics = train_step(state, microbatches(step, dp_rank, dp_size, accumulation))
+        losses.append(plain(metrics["loss"]).item())
+        norms.append(plain(metrics["grad_norm"]).item())
+        if memory is None:
+            memory = memory_footprint(model, optimizer)
+    return {"losses": losses, "grad_norms": norms, "memory": memory}
+
+
+def single_process_run(tie_word_embeddings: bool) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The baseline: the plain single-device recipe (meta, to_empty, seed, init_weights), no parallelize code."""
+    with torch.device("meta"):
+        model = Transformer(replace(ARGS, tie_word_embeddings=tie_word_embeddings))
+    model.to_empty(device="cpu")
+    torch.manual_seed(SEED)
+    model.init_weights()
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return train(model, None, None, accumulation=2), initial
+
+
+def run_layout(layout: Layout, world_size: int, meshes: dict) -> tuple[dict, dict, dict]:
+    """Train `layout`; also return its initial weights (whole) and the placements of WATCHED_PARAMS."""
+    dims = ParallelDims(world_size, **layout.degrees)
+    key = (dims.dp_replicate, dims.dp_shard, dims.tp)
+    if key not in meshes:
+        meshes[key] = build_mesh(dims, "cpu")
+    mesh = meshes[key]
+    with torch.device("meta"):
+        model = Transformer(replace(ARGS, tie_word_embeddings=layout.tie_word_embeddings))
+    reference = copy.deepcopy(model)
+    parallelize_llama(model, mesh, dims, ParallelizeOptions(**layout.options))
+    model.to_empty(device="cpu")
+    init_weights_like_single_device(model, reference, SEED)
+    initial = {name: plain(p.detach()).clone() for name, p in model.named_parameters()}
+    placements = {
+        model_fqn(name): str(getattr(p, "placements", "plain"))
+        for name, p in model.named_parameters()
+        if model_fqn(name) in WATCHED_PARAMS
+    }
+    return train(model, dims, mesh, layout.microbatches), initial, placements
+
+
+WATCHED_PARAMS = ("tok_embeddings.weight", "layers.0.attention.wq.weight", "norm.weight", "output.weight")
+
+
+def run_layouts(rank: int, world_size: int, layouts: list[Layout]) -> dict:
+    """Rank 0's report: {"reference": {tie: run}, layout name: run + init_max_diff, param_names, placements}.
+
+    Compiled layouts start from a clean dynamo state and also report what compiling did.
+    """
+    # Only rank 0 reports, so only rank 0 pays for the single-process baseline (the others would compete for
+    # the same few cores).
+    ties = {layout.tie_word_embeddings for layout in layouts}
+    references = {tie: single_process_run(tie) for tie in ties} if rank == 0 else {}
+    report = {"reference": {tie: {**run, "param_names": sorted(init)} for tie, (run, init) in references.items()}}
+    meshes: dict = {}
+    for layout in layouts:
+        compiled = layout.options.get("compile_model", False)
+        if compiled:
+            # compile_report is cumulative over the process; start each compiled layout from zero.
+            torch._dynamo.reset()
+            torch._dynamo.utils.clear_compilation_metrics()
+            torch._dynamo.utils.counters.clear()
+        result, initial, placements = run_layout(layout, world_size, meshes)
+        if compiled:
+            stop_compile_trace()
+            result["compile"] = compile_report()
+        if rank != 0:
+            continue
+        expected = references[layout.tie_word_embeddings][1]
+        result["init_max_diff"] = max(
+            (initial[name] - expected[model_fqn(name)]).abs().max().item() for name in initial
+        )
+        result["param_names"] = sorted(model_fqn(name) for name in initial)
+        result["placements"] = placements
+        report[layout.name] = result
+    return report
+
+
+def max_relative_diff(values: list[float], expected: list[float]) -> float:
+    return max(abs(v - e) / abs(e) for v, e in zip(values, expected, strict=True))
+
+
+def assert_matches_single_process(report: dict, layout: Layout, loss_rtol: float = 1e-5) -> None:
+    """Same initial weights (exactly), same losses and gradient norms over STEPS steps, same parameter names."""
+    result, reference = report[layout.name], report["reference"][layout.tie_word_embeddings]
+    assert result["init_max_diff"] == 0.0
+    assert len(result["losses"]) == STEPS
+    assert max_relative_diff(result["losses"], reference["losses"]) <= loss_rtol
+    assert max_relative_diff(result["grad_norms"], reference["grad_norms"]) <= 10 * loss_rtol
+    assert result["losses"][-1] < result["losses"][0]
+    assert result["param_names"] == reference["param_names"]

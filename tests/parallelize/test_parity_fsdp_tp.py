@@ -1,0 +1,32 @@
+"""FSDP2 x TP+SP (2 x 2) on 4 ranks with each activation-checkpointing mode: parity with one process."""
+
+import pytest
+
+from dist_harness import run_world
+from parity_layouts import Layout, assert_matches_single_process, run_layouts
+
+FSDP_TP = dict(dp_shard=2, tp=2)
+LAYOUTS = [
+    Layout("fsdp_tp", FSDP_TP),
+    Layout("fsdp_tp_ac_full", FSDP_TP, dict(ac_mode="full")),
+    Layout("fsdp_tp_ac_selective_op", FSDP_TP, dict(ac_mode="selective", selective_ac_option="op")),
+]
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def report():
+    return run_world(4, run_layouts, LAYOUTS)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
+def test_layout_matches_single_process(report, layout):
+    assert_matches_single_process(report, layout)
+
+
+def test_parameters_are_2d_dtensors_at_a_quarter_of_the_memory(report):
+    placements = report["fsdp_tp"]["placements"]["layers.0.attention.wq.weight"]
+    assert "_StridedShard(dim=0" in placements and placements.endswith("Shard(dim=0))")
+    single, fsdp_tp = report["reference"][False]["memory"], report["fsdp_tp"]["memory"]
+    assert single.param_bytes / 4 <= fsdp_tp.param_bytes < single.param_bytes / 4 * 1.02

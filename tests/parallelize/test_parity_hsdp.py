@@ -1,0 +1,33 @@
+"""HSDP (2 replicas x 2 shards) with each activation-checkpointing mode, and data-parallel replicas of a TP
+model (2 replicas x TP 2), on 4 ranks: parity with one process."""
+
+import pytest
+
+from dist_harness import run_world
+from parity_layouts import Layout, assert_matches_single_process, run_layouts
+
+HSDP = dict(dp_replicate=2, dp_shard=2)
+LAYOUTS = [
+    Layout("hsdp", HSDP),
+    Layout("hsdp_ac_full", HSDP, dict(ac_mode="full")),
+    Layout("hsdp_ac_selective_op", HSDP, dict(ac_mode="selective", selective_ac_option="op")),
+    Layout("replicate_x_tp", dict(dp_replicate=2, dp_shard=1, tp=2)),
+]
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def report():
+    return run_world(4, run_layouts, LAYOUTS)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
+def test_layout_matches_single_process(report, layout):
+    assert_matches_single_process(report, layout)
+
+
+def test_hsdp_shards_within_replicas(report):
+    assert report["hsdp"]["placements"]["layers.0.attention.wq.weight"] == "(Replicate(), Shard(dim=0))"
+    single, hsdp = report["reference"][False]["memory"], report["hsdp"]["memory"]
+    assert hsdp.param_bytes == pytest.approx(single.param_bytes / 2, rel=0.01)

@@ -1,0 +1,34 @@
+"""Tensor + sequence parallel on 2 ranks, with each activation-checkpointing mode, gradient accumulation and
+tied embeddings: parity with one process."""
+
+import pytest
+
+from dist_harness import run_world
+from parity_layouts import Layout, assert_matches_single_process, run_layouts
+
+TP_SP = dict(tp=2, dp_shard=1)
+LAYOUTS = [
+    Layout("tp_sp", TP_SP, microbatches=2),
+    Layout("tp_sp_ac_full", TP_SP, dict(ac_mode="full")),
+    Layout("tp_sp_ac_selective_op", TP_SP, dict(ac_mode="selective", selective_ac_option="op")),
+    Layout("tp_sp_tied_embeddings", TP_SP, tie_word_embeddings=True),
+]
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def report():
+    return run_world(2, run_layouts, LAYOUTS)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
+def test_layout_matches_single_process(report, layout):
+    assert_matches_single_process(report, layout)
+
+
+def test_tp_splits_the_matrices(report):
+    single, tp = report["reference"][False]["memory"], report["tp_sp"]["memory"]
+    assert report["tp_sp"]["placements"]["norm.weight"] == "(Replicate(),)"
+    # Everything but the (replicated) norm weights is halved.
+    assert single.param_bytes / 2 < tp.param_bytes < single.param_bytes / 2 * 1.01
