@@ -108,11 +108,28 @@ class Parallelism:
     )
     tensor_parallel_degree: int = opt(1, "Tensor (+ sequence) parallel degree.", minimum=1)
     disable_loss_parallel: bool = opt(False, "Gather logits before the loss instead of a vocab-parallel loss under TP.")
+    disable_sequence_parallel: bool = opt(
+        False, "Under TP, keep activations between blocks replicated instead of split along the sequence (more memory)."
+    )
     enable_async_tensor_parallel: bool = opt(False, "Overlap TP communication with matmuls (CUDA + compile only).")
     pipeline_parallel_degree: int = opt(1, "Pipeline stages over ranks.", minimum=1)
-    pipeline_parallel_schedule: str = opt("1F1B", "Pipeline schedule (GPipe, 1F1B, Interleaved1F1B, ...).")
+    pipeline_parallel_schedule: str = opt(
+        "1F1B",
+        "Pipeline schedule, any case: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, "
+        "ZBVZeroBubble or DualPipeV.",
+    )
     pipeline_parallel_microbatch_size: int = opt(1, "Sequences per pipeline microbatch.", minimum=1)
-    pipeline_parallel_layers_per_stage: int | None = opt(None, "Layers per virtual stage; unset = even split.", minimum=1)
+    pipeline_parallel_layers_per_stage: int | None = opt(
+        None,
+        "Layers per pipeline stage (embedding and head count as one each); sets the number of stages. Unset = one "
+        "stage per rank, two for multi-stage schedules.",
+        minimum=1,
+    )
+    module_fqns_per_model_part: list[str] = opt(
+        [],
+        "Explicit pipeline split: one entry per stage holding its module names separated by spaces, e.g. "
+        "'tok_embeddings layers.0,layers.1 norm output'. Empty = split evenly.",
+    )
     context_parallel_degree: int = opt(1, "Context (sequence) parallel degree.", minimum=1)
     expert_parallel_degree: int = opt(1, "Expert parallel degree (MoE models).", minimum=1)
 
@@ -133,6 +150,18 @@ class Checkpoint:
     last_save_model_only: bool = opt(True, "The final save holds model weights only.")
     export_dtype: str = opt("float32", "dtype of a model-only save.", choices=("float32", "bfloat16"))
     exclude_from_loading: list[str] = opt([], "State parts not to load on resume (e.g. optimizer, dataloader).")
+    require_checkpoint: bool = opt(
+        False, "Fail at start-up instead of starting from scratch when neither the run directory nor "
+        "initial_load_path holds a checkpoint."
+    )
+    fallback_to_previous: bool = opt(
+        False, "When the newest checkpoint is damaged or unreadable, resume from the newest intact one before it "
+        "instead of failing."
+    )
+    create_seed_checkpoint: bool = opt(
+        False, "Initialise the model in one process, save its weights as step-0 in the run directory and exit; "
+        "later runs on any layout start from those weights."
+    )
 
 
 @dataclass
@@ -148,6 +177,10 @@ class Compile:
     enable: bool = opt(False, "torch.compile the components below (each transformer block separately).")
     components: list[str] = opt(["model", "loss"], "What to compile: model and/or loss.")
     backend: str = opt("inductor", "torch.compile backend.")
+    trace_folder: str = opt(
+        "", "Folder inside job.dump_folder for torch's structured compile trace (TORCH_TRACE; open with tlparse); "
+        "empty = off."
+    )
 
 
 @dataclass
