@@ -32,6 +32,10 @@ from dtrain.parallelize import (
     memory_footprint,
     parallelize_llama,
 )
+from dtrain.parallelize.pipeline_bubble import format_bubbles
+from dtrain.parallelize.pipeline_plan import PipelinePlan, plan_pipeline
+from dtrain.parallelize.pipeline_schedule import Pipeline, build_pipeline
+from dtrain.parallelize.pipeline_split import StageModule, split_model
 from dtrain.rng import derive_seed
 
 logger = logging.getLogger("dtrain")
@@ -72,11 +76,31 @@ def parallelize_options(cfg: JobConfig, device_type: str) -> ParallelizeOptions:
     )
 
 
+def pipeline_plan(cfg: JobConfig, dims: ParallelDims, model_args) -> PipelinePlan | None:
+    """The stages and schedule of a pipeline-parallel run (None without PP); validates the pipeline keys."""
+    if dims.pp == 1:
+        return None
+    p = cfg.parallelism
+    return plan_pipeline(
+        pp=dims.pp,
+        schedule=p.pipeline_parallel_schedule,
+        n_layers=model_args.n_layers,
+        local_batch_size=cfg.training.local_batch_size,
+        microbatch_size=p.pipeline_parallel_microbatch_size,
+        layers_per_stage=p.pipeline_parallel_layers_per_stage,
+        stage_modules=p.module_fqns_per_model_part or None,
+        tie_word_embeddings=model_args.tie_word_embeddings,
+        fsdp_reshard_after_forward=p.fsdp_reshard_after_forward,
+        ddp=dims.ddp_enabled,
+    )
+
+
 def check_layout(cfg: JobConfig, world_size: int, model_args) -> int:
     """Refuse a layout that cannot run, before any process group exists; returns microbatches per step."""
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dims = parallel_dims(cfg, world_size)
+        pipeline_plan(cfg, dims, model_args)
         dims.validate_model(
             n_heads=model_args.n_heads,
             n_kv_heads=model_args.n_kv_heads,
@@ -99,38 +123,56 @@ class Layout:
     dims: ParallelDims
     options: ParallelizeOptions
     mesh: object = None
+    plan: PipelinePlan | None = None
+    pp_rank: int = 0
     dp_rank: int = 0
     dp_size: int = 1
     rng_coords: tuple = ()
     reduce_over_dp: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda t: t)
     loss_context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
     _meta_reference: nn.Module | None = None
+    _stages: list[StageModule] | None = None
 
     @property
     def compute_dtype(self) -> torch.dtype:
         """The matmul dtype (for the MFU peak): FSDP's mixed-precision param dtype, else float32."""
         return getattr(torch, self.options.param_dtype) if self.dims.fsdp_enabled else torch.float32
 
-    def parallelize(self, model: nn.Module) -> nn.Module:
-        """Apply TP / AC / compile / FSDP or DDP to a model on the meta device."""
+    def parallelize(self, model: nn.Module) -> list[nn.Module]:
+        """This rank's model parts (its pipeline stages, else the whole model), each TP/AC/compile/FSDP'd.
+
+        `model` is on the meta device and is consumed.
+        """
         # An unparallelized twin for the exact initialisation below; on the meta device it costs nothing.
         self._meta_reference = copy.deepcopy(model)
-        return PARALLELIZE_FNS[self.model_name](model, self.mesh, self.dims, self.options)
+        parallelize_fn = PARALLELIZE_FNS[self.model_name]
+        if self.plan is None:
+            return [parallelize_fn(model, self.mesh, self.dims, self.options)]
+        self._stages = split_model(model, self.plan, self.pp_rank)
+        return [parallelize_fn(stage.module, self.mesh, self.dims, self.options) for stage in self._stages]
 
-    def init_weights(self, model: nn.Module, seed: int) -> None:
+    def init_weights(self, model_parts: list[nn.Module], seed: int) -> None:
         """The single-process weights on every layout (exact), except on multi-GPU runs (scalable, see below)."""
-        if self.dims.world_size > 1 and self.options.device_type == "cuda":
-            # A full host copy per rank does not scale to 8B+ on 8 GPUs; DTensor's CUDA offset RNG gives each
-            # shard its own slice of the stream instead (correct, not bit-identical to one GPU). A seed checkpoint
-            # gives exact equality across layouts at any size.
-            init_weights_sharded(model, derive_seed(seed, "init"))
-        else:
-            init_weights_like_single_device(model, self._meta_reference, derive_seed(seed, "init"))
+        stage_indices = [stage.index for stage in self._stages] if self._stages else [0]
+        for index, part in zip(stage_indices, model_parts):
+            if self.dims.world_size > 1 and self.options.device_type == "cuda":
+                # A full host copy per rank does not scale to 8B+ on 8 GPUs; DTensor's CUDA offset RNG gives each
+                # shard its own slice of the stream instead (correct, not bit-identical to one GPU), seeded per
+                # stage so that stages differ. A seed checkpoint gives exact equality across layouts at any size.
+                init_weights_sharded(part, derive_seed(seed, "init", index))
+            else:
+                init_weights_like_single_device(part, self._meta_reference, derive_seed(seed, "init"))
         self._meta_reference = None
 
     def wrap_loss(self, loss_fn: Callable) -> Callable:
         """The loss as a plain tensor also under loss parallel (where cross-entropy returns a DTensor)."""
         return local_loss(loss_fn) if self.dims.loss_parallel_enabled else loss_fn
+
+    def build_pipeline(self, loss_fn: Callable, device: torch.device) -> Pipeline | None:
+        """The schedule over this rank's materialized stages (None without pipeline parallelism)."""
+        if self.plan is None:
+            return None
+        return build_pipeline(self.plan, self._stages, pp_group=self.mesh["pp"].get_group(), device=device, loss_fn=loss_fn)
 
     def local_metrics(self, metrics: dict) -> dict:
         """Step metrics as plain tensors for the logger (a DTensor grad norm is made whole here)."""
@@ -145,6 +187,7 @@ class Layout:
         kinds = [
             name
             for name, on in (
+                (f"PP {self.plan.schedule}" if self.plan else "PP", d.pp > 1),
                 ("HSDP", d.hsdp_enabled),
                 ("FSDP", d.fsdp_enabled and not d.hsdp_enabled),
                 ("DDP", d.ddp_enabled),
@@ -153,15 +196,21 @@ class Layout:
             if on
         ]
         return (
-            f"{d.world_size} processes ({'+'.join(kinds)}: dp_replicate {d.dp_replicate} × dp_shard {d.dp_shard}"
-            f" × tp {d.tp})"
+            f"{d.world_size} processes ({' + '.join(kinds)}: pp {d.pp} × dp_replicate {d.dp_replicate}"
+            f" × dp_shard {d.dp_shard} × tp {d.tp})"
         )
 
-    def log_memory(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        logger.info("memory on this rank: %s", memory_footprint(model, optimizer).format())
+    def log_plan(self) -> None:
+        if self.plan is not None:
+            logger.info(self.plan.describe())
+            logger.info(format_bubbles(self.plan))
+
+    def log_memory(self, model_parts: list[nn.Module], optimizer) -> None:
+        footprints = [memory_footprint(part, opt) for part, opt in zip(model_parts, optimizer.optimizers)]
+        logger.info("memory on this rank: %s", sum(footprints[1:], footprints[0]).format())
 
 
-def build_layout(cfg: JobConfig, world: World) -> Layout:
+def build_layout(cfg: JobConfig, world: World, model_args) -> Layout:
     """The layout of this world: mesh, data-parallel coordinates and reductions (after the process group)."""
     from dtrain.distributed import dp_rank_and_size, dp_summer
 
@@ -176,6 +225,8 @@ def build_layout(cfg: JobConfig, world: World) -> Layout:
         dims,
         options,
         mesh=mesh,
+        plan=pipeline_plan(cfg, dims, model_args),
+        pp_rank=mesh["pp"].get_local_rank(),
         dp_rank=dp_rank,
         dp_size=dp_size,
         rng_coords=("dp", dp_rank),

@@ -1,8 +1,11 @@
 """TrainState: everything that changes during training, in one object that DCP saves and loads as a unit.
 
-Nothing that affects the next step lives outside it (DESIGN §3). Each part is `Stateful`; random streams are not
-saved because they are derived from (seed, step, coordinates) at every step (see rng.py), so `seed` and `step`
-are the whole RNG state.
+Nothing that affects the next step lives outside it (DESIGN §3). Random streams are not saved because they are
+derived from (seed, step, coordinates) at every step (see rng.py), so `seed` and `step` are the whole RNG state.
+
+The saved keys do not depend on the parallel layout, so that a checkpoint reshards: model weights and optimizer
+state are keyed by the model's own parameter names (pipeline stages keep full-model names), and of the LR
+schedule only its position is kept (its per-group lists would change length with the layout).
 """
 
 from __future__ import annotations
@@ -22,14 +25,21 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from dtrain.optim import OptimizersContainer
+
+# Optimizer state keyed "state.<param fqn>.<name>" / "param_groups.<param fqn>.<name>": no layout-dependent indices.
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+# Each model part holds only its own keys of the merged model dict (pipeline stages), hence strict=False.
+PART = StateDictOptions(strict=False)
+
 
 @dataclass
 class TrainState(Stateful):
     """The training state. `model_parts` is a list so that pipeline stages (several parts per rank) fit as is."""
 
     model_parts: list[nn.Module]
-    optimizer: torch.optim.Optimizer
-    lr_scheduler: torch.optim.lr_scheduler.LRScheduler
+    optimizer: OptimizersContainer
+    lr_scheduler: torch.optim.lr_scheduler.LambdaLR
     dataloader: Stateful
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     seed: int
@@ -41,27 +51,40 @@ class TrainState(Stateful):
     rng_coords: tuple = ()
     reduce_over_dp: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda t: t)
     loss_context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
+    # With pipeline parallelism the schedule runs forward and backward over this rank's stages.
+    pipeline: Any = None
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "model": {k: v for part in self.model_parts for k, v in get_model_state_dict(part).items()},
-            "optimizer": get_optimizer_state_dict(self.model_parts, self.optimizer),
-            "lr_scheduler": self.lr_scheduler.state_dict(),
+            "optimizer": {
+                k: v
+                for part, optimizer in zip(self.model_parts, self.optimizer.optimizers)
+                for k, v in get_optimizer_state_dict(part, optimizer, options=FLAT).items()
+            },
+            "lr_scheduler": {"last_epoch": self.lr_scheduler.last_epoch},
             "dataloader": self.dataloader.state_dict(),
             "train": {"step": self.step, "tokens_seen": self.tokens_seen, "seed": self.seed},
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        for part in self.model_parts:
-            # Each part holds only its own keys of the merged model dict (pipeline stages), hence strict=False.
-            set_model_state_dict(part, state_dict["model"], options=StateDictOptions(strict=False))
-        set_optimizer_state_dict(self.model_parts, self.optimizer, state_dict["optimizer"])
-        self.lr_scheduler.load_state_dict(state_dict["lr_scheduler"])
+        for part, optimizer in zip(self.model_parts, self.optimizer.optimizers):
+            set_model_state_dict(part, state_dict["model"], options=PART)
+            set_optimizer_state_dict(part, optimizer, state_dict["optimizer"], options=FLAT)
+        self.set_lr_schedule_position(int(state_dict["lr_scheduler"]["last_epoch"]))
         self.dataloader.load_state_dict(state_dict["dataloader"])
         self.step = int(state_dict["train"]["step"])
         self.tokens_seen = int(state_dict["train"]["tokens_seen"])
 
+    def set_lr_schedule_position(self, last_epoch: int) -> None:
+        """Move the LR schedule to `last_epoch` and give every parameter group the rate it implies."""
+        scheduler = self.lr_scheduler
+        scheduler.last_epoch = last_epoch
+        rates = [base * fn(last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+        for group, rate in zip(self.optimizer.param_groups, rates):
+            group["lr"] = rate
+        scheduler._last_lr = rates
+
     @property
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.model_parts for p in part.parameters()]
-

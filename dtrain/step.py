@@ -25,6 +25,18 @@ def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> tor
     return total_norm
 
 
+def forward_backward(state: TrainState, microbatch: dict[str, torch.Tensor], grad_scale: torch.Tensor) -> torch.Tensor:
+    """Forward and backward of one microbatch (gradients accumulate); returns its summed loss, detached."""
+    with state.loss_context():
+        if state.pipeline is not None:
+            # The schedule splits the microbatch further, runs forward and backward over this rank's stages and
+            # returns the summed loss on every pipeline rank.
+            return state.pipeline.step(microbatch["input_ids"], microbatch["labels"], grad_scale)
+        loss = state.loss_fn(state.model_parts[0](microbatch["input_ids"]), microbatch["labels"])
+        (loss * grad_scale).backward()
+    return loss.detach()
+
+
 def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """One optimizer step over this rank's microbatches (gradient accumulation when there are several).
 
@@ -32,7 +44,6 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     same global batch gives the same loss and gradient however it is split over microbatches and ranks.
     """
     seed_everything(state.seed, "step", state.step, *state.rng_coords)
-    model = state.model_parts[0]
     local_tokens = sum((mb["labels"] != IGNORE_INDEX).sum() for mb in microbatches)
     global_tokens = state.reduce_over_dp(local_tokens)
     # Data-parallel gradient reduction averages over dp ranks; scaling by dp_size turns that average into the
@@ -40,11 +51,10 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     grad_scale = state.dp_size / global_tokens
     loss_sum = torch.zeros((), device=global_tokens.device)
     for mb in microbatches:
-        with state.loss_context():
-            loss = state.loss_fn(model(mb["input_ids"]), mb["labels"])
-            (loss * grad_scale).backward()
-        loss_sum += loss.detach()
-    grad_norm = clip_grad_norm(state.parameters, state.max_norm)
+        loss_sum += forward_backward(state, mb, grad_scale)
+    # Under pipeline parallelism each rank holds some stages' gradients; the norm spans all stages.
+    clip = state.pipeline.clip_grad_norm if state.pipeline is not None else clip_grad_norm
+    grad_norm = clip(state.parameters, state.max_norm)
     state.optimizer.step()
     state.optimizer.zero_grad(set_to_none=True)
     lr = state.lr_scheduler.get_last_lr()[0]

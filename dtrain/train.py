@@ -22,7 +22,7 @@ from dtrain.layout import Layout, build_layout
 from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.metrics import MetricsLogger
 from dtrain.models import ModelFamily, count_params
-from dtrain.optim import build_optimizer
+from dtrain.optim import build_optimizers
 from dtrain.profiling import maybe_memory_snapshot, maybe_profile
 from dtrain.rng import set_determinism
 from dtrain.state import TrainState
@@ -32,15 +32,16 @@ logger = logging.getLogger("dtrain")
 
 
 def build_train_state(cfg: JobConfig, world: World, layout: Layout, family: ModelFamily, args, tokenizer) -> TrainState:
-    """Model (meta → parallelized → materialized → initialised), optimizer, schedule and data, as one state."""
+    """Model parts (meta → parallelized → materialized → initialised), optimizer, schedule and data, as one state."""
     with torch.device("meta"):
         model = family.model_cls(args)
-    model = layout.parallelize(model)
-    model.to_empty(device=world.device)
-    layout.init_weights(model, seed=cfg.debug.seed)
-    model.train()
+    model_parts = layout.parallelize(model)
+    for part in model_parts:
+        part.to_empty(device=world.device)
+        part.train()
+    layout.init_weights(model_parts, seed=cfg.debug.seed)
 
-    optimizer = build_optimizer([model], cfg.optimizer, world.device)
+    optimizer = build_optimizers(model_parts, cfg.optimizer, world.device)
     lr_scheduler = build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler)
     dataloader = build_dataloader(cfg, tokenizer, layout.dp_rank, layout.dp_size)
     loss_fn = cross_entropy_sum
@@ -48,7 +49,7 @@ def build_train_state(cfg: JobConfig, world: World, layout: Layout, family: Mode
         loss_fn = torch.compile(loss_fn, backend=cfg.compile.backend)
     loss_fn = layout.wrap_loss(loss_fn)
     return TrainState(
-        model_parts=[model],
+        model_parts=model_parts,
         optimizer=optimizer,
         lr_scheduler=lr_scheduler,
         dataloader=dataloader,
@@ -59,7 +60,14 @@ def build_train_state(cfg: JobConfig, world: World, layout: Layout, family: Mode
         rng_coords=layout.rng_coords,
         reduce_over_dp=layout.reduce_over_dp,
         loss_context=layout.loss_context,
+        pipeline=layout.build_pipeline(loss_fn, world.device),
     )
+
+
+def whole_model_params(family: ModelFamily, args) -> int:
+    """Parameters of the whole model, whatever part of it this rank holds (built on meta: free)."""
+    with torch.device("meta"):
+        return count_params(family.model_cls(args))
 
 
 def write_run_files(cfg: JobConfig, world: World) -> Path:
@@ -75,7 +83,7 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
     """Run the configured training to completion, starting from what `checks.prepare` resolved."""
     family, tokenizer, args = prepared.family, prepared.tokenizer, prepared.model_args
     with init_world() as world:
-        layout = build_layout(cfg, world)
+        layout = build_layout(cfg, world, args)
         set_determinism(cfg.debug.deterministic)
         state = build_train_state(cfg, world, layout, family, args, tokenizer)
         run_dir = write_run_files(cfg, world)
@@ -92,9 +100,10 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
         )
         logger.info(
             "model %s %s: %.3fM parameters; %s; %d microbatch(es) of %d x %d per step on each of %d dp rank(s)",
-            cfg.model.name, cfg.model.flavor, count_params(state.model_parts[0]) / 1e6, layout.describe(),
+            cfg.model.name, cfg.model.flavor, whole_model_params(family, args) / 1e6, layout.describe(),
             accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.dp_size,
         )
+        layout.log_plan()
         data = iter(state.dataloader)
         start_step = state.step
         metrics.start(state.step, state.tokens_seen)
@@ -126,7 +135,7 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
 
 def log_after_first_step(cfg: JobConfig, layout, state: TrainState) -> None:
     """What only exists once a step has run: optimizer state (memory evidence) and compiled graphs."""
-    layout.log_memory(state.model_parts[0], state.optimizer)
+    layout.log_memory(state.model_parts, state.optimizer)
     if cfg.compile.enable:
         from dtrain.parallelize import compile_report, stop_compile_trace
 

@@ -68,6 +68,16 @@ def llama3_tp_plan(*, sequence_parallel: bool = True, loss_parallel: bool = True
     }
 
 
+def _present(plan: TPPlan, model: nn.Module) -> TPPlan:
+    """The plan's entries whose modules this model has: a pipeline stage lacks the parts other stages own."""
+    has_layers = len(model.layers) > 0
+    return {
+        path: style
+        for path, style in plan.items()
+        if (has_layers if path.startswith("layers.") else getattr(model, path.split(".")[0]) is not None)
+    }
+
+
 def _is_tied(model: nn.Module) -> bool:
     return bool(getattr(getattr(model, "args", None), "tie_word_embeddings", False))
 
@@ -85,7 +95,7 @@ def parallelize_llama(
         raise ParallelismError(f"a world of {dims.world_size} processes needs a device mesh (build_mesh)")
     if dims.tp_enabled:
         plan = llama3_tp_plan(sequence_parallel=dims.sequence_parallel_enabled, loss_parallel=dims.loss_parallel_enabled)
-        apply_tp(model, mesh["tp"], plan)
+        apply_tp(model, mesh["tp"], _present(plan, model))
         if _is_tied(model):
             # Embedding rows and head columns are both Shard(0) of the same [vocab, dim] weight; the plan
             # distributed them separately, so make them one parameter again.

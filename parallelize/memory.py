@@ -30,6 +30,14 @@ class MemoryFootprint:
     grad_bytes: int
     optimizer_bytes: int
 
+    def __add__(self, other: MemoryFootprint) -> MemoryFootprint:
+        """Footprints of several model parts (pipeline stages on one rank) add up."""
+        return MemoryFootprint(
+            self.param_bytes + other.param_bytes,
+            self.grad_bytes + other.grad_bytes,
+            self.optimizer_bytes + other.optimizer_bytes,
+        )
+
     @property
     def total_bytes(self) -> int:
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes

@@ -1,8 +1,9 @@
 """The device mesh: one named dimension per parallelism, plus the flattened views the trainer needs.
 
-Dimensions, outermost first: ``dp_replicate``, ``dp_shard``, ``tp``. All three are always present, size 1
+Dimensions, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``. All are always present, size 1
 included, so code can ask for ``mesh["tp"]`` without checking whether TP is on; a size-1 dimension costs one
-trivial process group. Flattened views, kept by ``ParallelMesh`` itself (torch deprecates looking a flattened
+trivial process group. Pipeline stages talk point to point and least often, so ``pp`` is outermost (across
+nodes); TP, the chattiest, is innermost (within a node). Flattened views, kept by ``ParallelMesh`` itself (torch deprecates looking a flattened
 dimension up on the root mesh):
 - ``dp`` = dp_replicate × dp_shard: the ranks that see different data (batch splitting, loss and metric sums).
 FSDP shards over ``dp_shard`` (HSDP: the 2-D ``(dp_replicate, dp_shard)``). When context parallel arrives, its
@@ -17,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from dtrain.parallelize.parallel_dims import ParallelDims
 
-MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
+MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ def build_mesh(dims: ParallelDims, device_type: str) -> ParallelMesh | None:
     """The world's mesh (needs an initialised process group), or None for a single process."""
     if dims.world_size == 1:
         return None
-    world = init_device_mesh(device_type, (dims.dp_replicate, dims.dp_shard, dims.tp), mesh_dim_names=MESH_DIM_NAMES)
+    shape = (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp)
+    world = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIM_NAMES)
     if dims.dp_shard > 1 and dims.tp > 1:
         # Gradients of FSDP x TP parameters are sharded over both; with this flattened view, DTensor reduces
         # their norm (gradient clipping) in one all-reduce instead of two in sequence.

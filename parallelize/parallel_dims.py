@@ -20,7 +20,7 @@ CONFIG_KEYS = {
     "cp": "parallelism.context_parallel_degree",
     "ep": "parallelism.expert_parallel_degree",
 }
-_NOT_IMPLEMENTED = ("pp", "cp", "ep")
+_NOT_IMPLEMENTED = ("cp", "ep")
 
 
 def _divisors(n: int) -> list[int]:

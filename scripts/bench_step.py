@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from dtrain.config.schema import LRScheduler, Optimizer
 from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.models import get_model_family
-from dtrain.optim import build_optimizer
+from dtrain.optim import build_optimizer, build_optimizers
 from dtrain.state import TrainState
 from dtrain.step import cross_entropy_sum, train_step
 
@@ -63,7 +63,7 @@ def bare_loop(model, batch, steps, max_norm, opt_cfg, sched_cfg, device):
 
 
 def dtrain_loop(model, batch, steps, max_norm, opt_cfg, sched_cfg, device):
-    optimizer = build_optimizer([model], opt_cfg, device)
+    optimizer = build_optimizers([model], opt_cfg, device)
     state = TrainState(
         model_parts=[model],
         optimizer=optimizer,

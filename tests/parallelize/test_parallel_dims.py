@@ -52,7 +52,7 @@ def test_rest_that_does_not_divide():
 
 
 @pytest.mark.parametrize(
-    "degree, key", [("pp", "pipeline_parallel_degree"), ("cp", "context_parallel_degree"), ("ep", "expert_parallel_degree")]
+    "degree, key", [("cp", "context_parallel_degree"), ("ep", "expert_parallel_degree")]
 )
 def test_unimplemented_parallelisms_are_refused_not_ignored(degree, key):
     with pytest.raises(ParallelismError, match=rf"^parallelism.{key}=2 is not implemented yet \(valid: 1\)$"):

@@ -6,7 +6,7 @@ import torch
 from dtrain.config.schema import LRScheduler, Optimizer
 from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.models.llama3 import Llama3Args, Transformer
-from dtrain.optim import build_optimizer
+from dtrain.optim import build_optimizers
 from dtrain.state import TrainState
 from dtrain.step import IGNORE_INDEX, cross_entropy_sum, train_step
 
@@ -25,7 +25,7 @@ def make_state(seed=0, max_norm=1.0):
     torch.manual_seed(seed)
     model = Transformer(ARGS)
     model.init_weights()
-    opt = build_optimizer([model], Optimizer(lr=1e-2), torch.device("cpu"))
+    opt = build_optimizers([model], Optimizer(lr=1e-2), torch.device("cpu"))
     sched = build_lr_scheduler(opt, 100, LRScheduler(warmup_steps=2))
     return TrainState([model], opt, sched, NoData(), cross_entropy_sum, seed=seed, max_norm=max_norm)
 

@@ -1,0 +1,170 @@
+"""Running a batch through the pipeline: stages, the torch.distributed.pipelining schedule, loss and clipping.
+
+The trainer's loss math is kept exactly (dtrain/step.py): every microbatch's loss is the *summed* token
+cross-entropy, backward runs on ``sum × dp_size / global_valid_tokens``, and the reported loss is the sum over
+the whole global batch divided by the global token count. So the schedule gets a loss function that multiplies
+the summed loss by that gradient scale and is told not to rescale gradients itself (``scale_grads=False``); a
+pipeline then reproduces the single-process gradients whatever the number of microbatches.
+
+Zero-bubble and V schedules (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) run the weight-gradient pass
+after the input-gradient pass, possibly after other microbatches' forwards. With FSDP2 resharding parameters
+after forward this silently gives wrong gradients (torch 2.13: some are missing, others off by ~1e-3), so
+``build_pipeline`` keeps the parameters of every FSDP unit gathered between forward and backward for those
+schedules, whatever the stages were wrapped with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleDualPipeV,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleLoopedBFS,
+    ScheduleZBVZeroBubble,
+)
+from torch.distributed.tensor import DTensor
+
+from dtrain.parallelize.errors import ParallelismError
+from dtrain.parallelize.pipeline_plan import SINGLE_STAGE_SCHEDULES, PipelinePlan
+from dtrain.parallelize.pipeline_split import StageModule
+
+SCHEDULE_CLASSES = {
+    "GPipe": ScheduleGPipe,
+    "1F1B": Schedule1F1B,
+    "Interleaved1F1B": ScheduleInterleaved1F1B,
+    "LoopedBFS": ScheduleLoopedBFS,
+    "InterleavedZeroBubble": ScheduleInterleavedZeroBubble,
+    "ZBVZeroBubble": ScheduleZBVZeroBubble,
+    "DualPipeV": ScheduleDualPipeV,
+}
+
+
+class ScaledLoss:
+    """The schedule's loss function: the trainer's summed loss times the gradient scale of the current step."""
+
+    def __init__(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        self.loss_fn = loss_fn
+        self.grad_scale: torch.Tensor | float = 1.0
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(output, target) * self.grad_scale
+
+
+@dataclass
+class Pipeline:
+    """This rank's stages and the schedule that runs them; ``step`` is what the training step calls."""
+
+    plan: PipelinePlan
+    stages: list[StageModule]
+    schedule: object  # a torch.distributed.pipelining schedule (their common base class is private)
+    loss: ScaledLoss
+    pp_group: dist.ProcessGroup
+
+    @property
+    def model_parts(self) -> list[nn.Module]:
+        """The stage modules, for the optimizer and the checkpoint (their parameter names are full-model names)."""
+        return [stage.module for stage in self.stages]
+
+    @property
+    def has_first_stage(self) -> bool:
+        return self.stages[0].index == 0
+
+    @property
+    def has_last_stage(self) -> bool:
+        return self.stages[-1].index == self.plan.num_stages - 1
+
+    def step(self, input_ids: torch.Tensor, labels: torch.Tensor, grad_scale: torch.Tensor | float) -> torch.Tensor:
+        """Forward and backward of one batch (split into the plan's microbatches); gradients accumulate.
+
+        Returns the batch's summed loss, unscaled, on every pipeline rank (all-reduced from the rank that holds
+        the last stage), so that every rank logs the same loss. Run it inside the trainer's loss context (loss
+        parallel under TP), which the last stage's loss and backward need.
+        """
+        self.loss.grad_scale = grad_scale
+        losses: list[torch.Tensor] = []
+        args = (input_ids,) if self.has_first_stage else ()
+        target = labels if self.has_last_stage else None
+        self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        if losses:
+            loss_sum = torch.stack([loss.detach() for loss in losses]).sum() / grad_scale
+        else:
+            loss_sum = torch.zeros((), device=input_ids.device)
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.pp_group)
+        return loss_sum
+
+    def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+        """The gradient norm over all stages of the pipeline, clipped to `max_norm` (see below)."""
+        return clip_grad_norm_across_stages(parameters, max_norm, self.pp_group)
+
+
+def keep_parameters_gathered(stages: list[StageModule]) -> None:
+    """Turn off FSDP2's reshard-after-forward in every unit of the stages (see the module doc)."""
+    for stage in stages:
+        for module in stage.module.modules():
+            if isinstance(module, FSDPModule):
+                module.set_reshard_after_forward(False)
+
+
+def build_pipeline(
+    plan: PipelinePlan,
+    stages: list[StageModule],
+    *,
+    pp_group: dist.ProcessGroup,
+    device: torch.device,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> Pipeline:
+    """The schedule over this rank's (parallelized, materialized) stages, communicating over `pp_group`.
+
+    `loss_fn(output, labels)` is the trainer's summed loss (``state.loss_fn``).
+    """
+    pp_rank, pp_size = dist.get_rank(pp_group), dist.get_world_size(pp_group)
+    if pp_size != plan.pp or tuple(s.index for s in stages) != plan.stage_indices(pp_rank):
+        raise ParallelismError(
+            f"pipeline rank {pp_rank} of {pp_size} got stages {[s.index for s in stages]}, but the plan gives it "
+            f"{list(plan.stage_indices(pp_rank))} of a {plan.pp}-rank pipeline"
+        )
+    if plan.split_backward:
+        keep_parameters_gathered(stages)
+    pipeline_stages = [
+        PipelineStage(stage.module, stage.index, plan.num_stages, device, group=pp_group) for stage in stages
+    ]
+    loss = ScaledLoss(loss_fn)
+    # Single-stage schedules take the stage itself, multi-stage schedules the list of this rank's stages.
+    single = plan.schedule in SINGLE_STAGE_SCHEDULES
+    schedule = SCHEDULE_CLASSES[plan.schedule](
+        pipeline_stages[0] if single else pipeline_stages,
+        n_microbatches=plan.n_microbatches,
+        loss_fn=loss,
+        scale_grads=False,
+    )
+    return Pipeline(plan=plan, stages=stages, schedule=schedule, loss=loss, pp_group=pp_group)
+
+
+def clip_grad_norm_across_stages(
+    parameters: list[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup
+) -> torch.Tensor:
+    """The 2-norm of all gradients of all stages, clipping every stage to `max_norm` unless it is 0.
+
+    Each rank holds only its stages' gradients: the squares of the local norms are summed over the pipeline
+    ranks, so every rank computes (and clips with) the same total as a single process would.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    local_norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if isinstance(local_norm, DTensor):
+        local_norm = local_norm.full_tensor()  # the norm over the data/tensor-parallel shards of these stages
+    squared = local_norm**2
+    dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=pp_group)
+    total_norm = squared.sqrt()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=True)
+    return total_norm

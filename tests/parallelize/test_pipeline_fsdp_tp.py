@@ -1,0 +1,39 @@
+"""Pipeline × FSDP2 (pp=2 × dp=2) and pipeline × TP (pp=2 × tp=2) on 4 ranks: parity with one process.
+
+Includes the regression guard for the torch 2.13 trap: split-backward schedules (here ZBVZeroBubble) with FSDP2
+resharding parameters after forward give silently wrong gradients. `build_pipeline` prevents it; the same
+layout built without that guard must still go wrong, which shows the guard is what makes the parity hold.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dist_harness import run_world
+from test_pipeline_parity import PipelineLayout, assert_matches_single_process, max_relative_diff, run_layouts
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+LAYOUTS = [
+    PipelineLayout("fsdp_1f1b", "1F1B", dp_shard=2, microbatch_size=2),
+    PipelineLayout("fsdp_interleaved_1f1b", "Interleaved1F1B", dp_shard=2, microbatch_size=2),
+    PipelineLayout("fsdp_zbv_zero_bubble", "ZBVZeroBubble", dp_shard=2, microbatch_size=1),
+    PipelineLayout("fsdp_zbv_without_guard", "ZBVZeroBubble", dp_shard=2, microbatch_size=1, resharding_guard=False, steps=3),
+    PipelineLayout("tp_1f1b", "1F1B", tp=2, microbatch_size=4),
+]
+
+
+@pytest.fixture(scope="module")
+def report():
+    return run_world(4, run_layouts, LAYOUTS, timeout_s=300)
+
+
+@pytest.mark.parametrize("layout", [layout for layout in LAYOUTS if layout.resharding_guard], ids=lambda layout: layout.name)
+def test_pipeline_with_fsdp_or_tp_matches_single_process(report, layout):
+    assert_matches_single_process(report, layout.name)
+
+
+def test_zero_bubble_with_resharding_fsdp_goes_wrong_without_the_guard(report):
+    """If this starts failing, torch has fixed the trap and `keep_parameters_gathered` may go."""
+    result, reference = report["fsdp_zbv_without_guard"], report["reference"]
+    assert max_relative_diff(result["losses"], reference["losses"]) > 1e-4
