@@ -1,15 +1,18 @@
 """Train a tiny Llama 3 for a few steps in several layouts with the trainer's real step, and a single process too.
 
 Every layout runs inside one spawned world (see dist_harness): build on meta, parallelize, materialize, initialise
-like a single device, then STEPS optimizer steps of the real `train_step` on the same global batches. Rank 0
-returns, per layout, the losses and gradient norms next to the single-process ones, how far the initial weights
-are from the single-process init, and the per-rank memory footprint.
+like a single device, then STEPS optimizer steps of the real `train_step`, on a `TrainState` built like the
+trainer's (one optimizer per model part), on the same global batches. Rank 0 returns, per layout, the losses and
+gradient norms next to the single-process ones, how far the initial weights are from the single-process init,
+and the per-rank memory footprint. The pipeline tests (test_pipeline_*.py) share the state, the steps, the
+baseline and the meshes from here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -19,7 +22,7 @@ from dtrain.config.schema import LRScheduler, Optimizer
 from dtrain.distributed import dp_rank_and_size, dp_summer
 from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.models.llama3 import Llama3Args, Transformer
-from dtrain.optim import build_optimizer
+from dtrain.optim import build_optimizers
 from dtrain.parallelize import (
     ParallelDims,
     ParallelizeOptions,
@@ -33,6 +36,7 @@ from dtrain.parallelize import (
     parallelize_llama,
     stop_compile_trace,
 )
+from dtrain.parallelize.mesh import ParallelMesh
 from dtrain.state import TrainState
 from dtrain.step import IGNORE_INDEX, cross_entropy_sum, train_step
 
@@ -43,6 +47,8 @@ STEPS = 10
 GLOBAL_BATCH = 8
 SEQ_LEN = 16
 SEED = 1234
+# The trainer's loss as the state and the pipeline schedules get it: a plain tensor also under loss parallel.
+LOSS_FN = local_loss(cross_entropy_sum)
 
 
 @dataclass(frozen=True)
@@ -90,61 +96,91 @@ def plain(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
-def train(model, dims: ParallelDims | None, mesh, accumulation: int) -> dict:
-    """STEPS steps of the real train_step; losses and grad norms as floats, memory after the first step."""
-    optimizer = build_optimizer([model], Optimizer(lr=1e-2), torch.device("cpu"))
+def new_state(
+    parts: list[torch.nn.Module], dims: ParallelDims | None = None, mesh: ParallelMesh | None = None, pipeline=None
+) -> TrainState:
+    """The TrainState the trainer builds for `parts` in this layout: AdamW per part (build_optimizers), warmup
+    schedule, dp reductions, loss-parallel context, and the pipeline that runs forward/backward, if any."""
+    optimizer = build_optimizers(parts, Optimizer(lr=1e-2), torch.device("cpu"))
     scheduler = build_lr_scheduler(optimizer, STEPS, LRScheduler(warmup_steps=2))
-    state = TrainState(
-        [model], optimizer, scheduler, NoData(), local_loss(cross_entropy_sum), seed=SEED, max_norm=1.0,
+    return TrainState(
+        parts, optimizer, scheduler, NoData(), LOSS_FN, seed=SEED, max_norm=1.0,
         dp_size=dims.dp_size if dims else 1,
         reduce_over_dp=dp_summer(mesh),
-        loss_context=(lambda: loss_parallel_context(dims)) if dims else contextlib.nullcontext,
+        loss_context=functools.partial(loss_parallel_context, dims) if dims else contextlib.nullcontext,
+        pipeline=pipeline,
     )
+
+
+def run_steps(state: TrainState, steps: range, mesh: ParallelMesh | None, accumulation: int) -> dict:
+    """The real train_step on the global batches of `steps`: losses, grad norms and LRs (floats), and this
+    rank's memory footprint after the first of them."""
     dp_rank, dp_size = dp_rank_and_size(mesh)
-    losses, norms, memory = [], [], None
-    for step in range(STEPS):
+    losses, norms, rates, memory = [], [], [], None
+    for step in steps:
         metrics = train_step(state, microbatches(step, dp_rank, dp_size, accumulation))
         losses.append(plain(metrics["loss"]).item())
         norms.append(plain(metrics["grad_norm"]).item())
+        rates.append(float(metrics["lr"]))
         if memory is None:
-            memory = memory_footprint(model, optimizer)
-    return {"losses": losses, "grad_norms": norms, "memory": memory}
+            parts = zip(state.model_parts, state.optimizer.optimizers)
+            footprints = [memory_footprint(part, optimizer) for part, optimizer in parts]
+            memory = sum(footprints[1:], footprints[0])
+    return {"losses": losses, "grad_norms": norms, "lrs": rates, "memory": memory}
 
 
-def single_process_run(tie_word_embeddings: bool) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The baseline: the plain single-device recipe (meta, to_empty, seed, init_weights), no parallelize code."""
+def single_process_run(args: Llama3Args) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The baseline: the plain single-device recipe (meta, to_empty, seed, init_weights), no parallelize code.
+
+    Returns its run (each global batch as 2 accumulated microbatches) and its initial weights.
+    """
     with torch.device("meta"):
-        model = Transformer(replace(ARGS, tie_word_embeddings=tie_word_embeddings))
+        model = Transformer(args)
     model.to_empty(device="cpu")
     torch.manual_seed(SEED)
     model.init_weights()
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-    return train(model, None, None, accumulation=2), initial
+    return run_steps(new_state([model]), range(STEPS), None, accumulation=2), initial
+
+
+def mesh_for(dims: ParallelDims, meshes: dict) -> ParallelMesh:
+    """The world's mesh for `dims`, built once per shape in a world (every build creates process groups)."""
+    key = (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp)
+    if key not in meshes:
+        meshes[key] = build_mesh(dims, "cpu")
+    return meshes[key]
+
+
+def build_parallel_model(
+    args: Llama3Args, dims: ParallelDims, mesh: ParallelMesh, options: ParallelizeOptions | None = None
+) -> torch.nn.Module:
+    """A whole model as the trainer builds it: on meta, parallelized, materialized, with the single-device init."""
+    with torch.device("meta"):
+        model = Transformer(args)
+    reference = copy.deepcopy(model)
+    parallelize_llama(model, mesh, dims, options or ParallelizeOptions())
+    model.to_empty(device="cpu")
+    init_weights_like_single_device(model, reference, SEED)
+    return model
+
+
+WATCHED_PARAMS = ("tok_embeddings.weight", "layers.0.attention.wq.weight", "norm.weight", "output.weight")
 
 
 def run_layout(layout: Layout, world_size: int, meshes: dict) -> tuple[dict, dict, dict]:
     """Train `layout`; also return its initial weights (whole) and the placements of WATCHED_PARAMS."""
     dims = ParallelDims(world_size, **layout.degrees)
-    key = (dims.dp_replicate, dims.dp_shard, dims.tp)
-    if key not in meshes:
-        meshes[key] = build_mesh(dims, "cpu")
-    mesh = meshes[key]
-    with torch.device("meta"):
-        model = Transformer(replace(ARGS, tie_word_embeddings=layout.tie_word_embeddings))
-    reference = copy.deepcopy(model)
-    parallelize_llama(model, mesh, dims, ParallelizeOptions(**layout.options))
-    model.to_empty(device="cpu")
-    init_weights_like_single_device(model, reference, SEED)
+    mesh = mesh_for(dims, meshes)
+    args = replace(ARGS, tie_word_embeddings=layout.tie_word_embeddings)
+    model = build_parallel_model(args, dims, mesh, ParallelizeOptions(**layout.options))
     initial = {name: plain(p.detach()).clone() for name, p in model.named_parameters()}
     placements = {
         model_fqn(name): str(getattr(p, "placements", "plain"))
         for name, p in model.named_parameters()
         if model_fqn(name) in WATCHED_PARAMS
     }
-    return train(model, dims, mesh, layout.microbatches), initial, placements
-
-
-WATCHED_PARAMS = ("tok_embeddings.weight", "layers.0.attention.wq.weight", "norm.weight", "output.weight")
+    result = run_steps(new_state([model], dims, mesh), range(STEPS), mesh, layout.microbatches)
+    return result, initial, placements
 
 
 def run_layouts(rank: int, world_size: int, layouts: list[Layout]) -> dict:
@@ -155,7 +191,9 @@ def run_layouts(rank: int, world_size: int, layouts: list[Layout]) -> dict:
     # Only rank 0 reports, so only rank 0 pays for the single-process baseline (the others would compete for
     # the same few cores).
     ties = {layout.tie_word_embeddings for layout in layouts}
-    references = {tie: single_process_run(tie) for tie in ties} if rank == 0 else {}
+    references = (
+        {tie: single_process_run(replace(ARGS, tie_word_embeddings=tie)) for tie in ties} if rank == 0 else {}
+    )
     report = {"reference": {tie: {**run, "param_names": sorted(init)} for tie, (run, init) in references.items()}}
     meshes: dict = {}
     for layout in layouts:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from dist_harness import run_world
-from test_pipeline_parity import PipelineLayout, assert_matches_single_process, max_relative_diff, run_layouts
+from parity_layouts import max_relative_diff
+from test_pipeline_parity import PipelineLayout, assert_matches_single_process, run_layouts
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -36,4 +37,4 @@ def test_pipeline_with_fsdp_or_tp_matches_single_process(report, layout):
 def test_zero_bubble_with_resharding_fsdp_goes_wrong_without_the_guard(report):
     """If this starts failing, torch has fixed the trap and `keep_parameters_gathered` may go."""
     result, reference = report["fsdp_zbv_without_guard"], report["reference"]
-    assert max_relative_diff(result["losses"], reference["losses"]) > 1e-4
+    assert max_relative_diff(result["losses"], reference["losses"][: len(result["losses"])]) > 1e-4
