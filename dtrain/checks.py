@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dtrain.checkpoint.config_checks import check_checkpoint_config
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_tokenizer
 from dtrain.distributed import world_size_from_env
@@ -48,4 +49,5 @@ def prepare(cfg: JobConfig) -> Prepared:
     tokenizer = build_tokenizer(cfg.model)
     args = model_args(cfg, family, tokenizer.vocab_size)
     check_layout(cfg, world_size_from_env(), args)
+    check_checkpoint_config(cfg, world_size_from_env())
     return Prepared(family, tokenizer, args)

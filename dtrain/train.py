@@ -15,6 +15,7 @@ import torch
 
 from dtrain.config import to_toml
 from dtrain.checks import Prepared
+from dtrain.checkpoint import CheckpointManager, PreemptionWatcher
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_dataloader
 from dtrain.distributed import World, init_world
@@ -87,6 +88,12 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
         set_determinism(cfg.debug.deterministic)
         state = build_train_state(cfg, world, layout, family, args, tokenizer)
         run_dir = write_run_files(cfg, world)
+        checkpoints = CheckpointManager(cfg, run_dir, world.rank, world.world_size, state, model_args=args)
+        if cfg.checkpoint.create_seed_checkpoint:
+            checkpoints.save_seed_checkpoint()
+            checkpoints.close()
+            return
+        checkpoints.restore_at_startup()
         accumulation = layout.dims.gradient_accumulation_steps(
             cfg.training.local_batch_size, cfg.training.global_batch_size
         )
@@ -104,33 +111,58 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.dp_size,
         )
         layout.log_plan()
-        data = iter(state.dataloader)
-        start_step = state.step
-        metrics.start(state.step, state.tokens_seen)
-        logged_tokens = state.tokens_seen
-        # Python's automatic GC pauses at random steps; collect on a fixed schedule instead.
-        gc.disable()
-        try:
-            with (
-                maybe_profile(cfg, run_dir, world.rank, start_step=state.step) as profiler,
-                maybe_memory_snapshot(cfg, run_dir, world.rank, world.device, start_step=state.step) as snapshot,
-            ):
-                while state.step < cfg.training.steps:
-                    batch = [to_device(next(data), world.device) for _ in range(accumulation)]
-                    step_metrics = train_step(state, batch)
-                    if state.step == start_step + 1:
-                        log_after_first_step(cfg, layout, state)
-                    if metrics.should_log(state.step):
-                        metrics.log(state.step, layout.local_metrics(step_metrics), state.tokens_seen - logged_tokens)
-                        logged_tokens = state.tokens_seen
-                    profiler.step()
-                    snapshot.step()
-                    if state.step % cfg.training.gc_freq == 0:
-                        gc.collect(1)
-        finally:
-            gc.enable()
-            metrics.close()
-        logger.info("training done: %d steps, %d tokens, outputs in %s", state.step, state.tokens_seen, run_dir)
+        preempted = run_loop(cfg, world, layout, state, run_dir, checkpoints, metrics, accumulation)
+        if preempted:
+            logger.info("stopped at step %d on a preemption signal; rerun the same command to resume", state.step)
+        else:
+            logger.info("training done: %d steps, %d tokens, outputs in %s", state.step, state.tokens_seen, run_dir)
+
+
+def run_loop(
+    cfg: JobConfig,
+    world: World,
+    layout: Layout,
+    state: TrainState,
+    run_dir: Path,
+    checkpoints: CheckpointManager,
+    metrics: MetricsLogger,
+    accumulation: int,
+) -> bool:
+    """Step until `training.steps` or a preemption signal (then True): log, checkpoint, profile on the way."""
+    data = iter(state.dataloader)
+    start_step = state.step
+    metrics.start(state.step, state.tokens_seen)
+    logged_tokens = state.tokens_seen
+    stop = False
+    # Python's automatic GC pauses at random steps; collect on a fixed schedule instead.
+    gc.disable()
+    preemption = PreemptionWatcher(world.world_size)
+    try:
+        with (
+            maybe_profile(cfg, run_dir, world.rank, start_step=state.step) as profiler,
+            maybe_memory_snapshot(cfg, run_dir, world.rank, world.device, start_step=state.step) as snapshot,
+        ):
+            while state.step < cfg.training.steps and not stop:
+                batch = [to_device(next(data), world.device) for _ in range(accumulation)]
+                step_metrics = train_step(state, batch)
+                if state.step == start_step + 1:
+                    log_after_first_step(cfg, layout, state)
+                if metrics.should_log(state.step):
+                    metrics.log(state.step, layout.local_metrics(step_metrics), state.tokens_seen - logged_tokens)
+                    logged_tokens = state.tokens_seen
+                # All ranks agree on the signal, so they save the same step and stop together.
+                stop = preemption.should_stop(state.step)
+                checkpoints.maybe_save(state.step, last=state.step == cfg.training.steps, preempted=stop)
+                profiler.step()
+                snapshot.step()
+                if state.step % cfg.training.gc_freq == 0:
+                    gc.collect(1)
+    finally:
+        gc.enable()
+        metrics.close()
+        preemption.close()
+        checkpoints.close()
+    return stop
 
 
 def log_after_first_step(cfg: JobConfig, layout, state: TrainState) -> None:

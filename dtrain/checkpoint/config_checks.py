@@ -1,0 +1,51 @@
+"""Checks of the [checkpoint] section that can run before any process group or run directory exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dtrain.config.schema import JobConfig
+from dtrain.errors import ConfigError
+
+# Parts of the TrainState a resume may skip; the model and the step counters are what a checkpoint is.
+EXCLUDABLE_PARTS = ("optimizer", "lr_scheduler", "dataloader")
+
+
+def check_checkpoint_config(cfg: JobConfig, world_size: int) -> None:
+    """Raise a one-line ConfigError for the first [checkpoint] setting that cannot work for this world size."""
+    c = cfg.checkpoint
+    if c.async_mode == "async_with_pinned_mem" and not torch.cuda.is_available():
+        raise ConfigError(
+            "checkpoint.async_mode = async_with_pinned_mem needs CUDA (it stages into pinned host memory for "
+            "device-to-host copies); use async_mode = async on this machine"
+        )
+    for part in c.exclude_from_loading:
+        if part not in EXCLUDABLE_PARTS:
+            raise ConfigError(
+                f"checkpoint.exclude_from_loading may list {', '.join(EXCLUDABLE_PARTS)}; got {part!r}"
+            )
+    if not c.folder or Path(c.folder).is_absolute() or ".." in Path(c.folder).parts:
+        raise ConfigError(
+            f"checkpoint.folder must be a relative folder inside job.dump_folder (e.g. checkpoint); got {c.folder!r}"
+        )
+    if c.initial_load_in_hf and not c.initial_load_model_only:
+        raise ConfigError(
+            "checkpoint.initial_load_in_hf loads weights only; set checkpoint.initial_load_model_only = true"
+        )
+    if c.initial_load_in_hf:
+        from dtrain.checkpoint.hf_io import HF_ADAPTERS
+
+        if cfg.model.name not in HF_ADAPTERS:
+            raise ConfigError(
+                f"checkpoint.initial_load_in_hf: no Hugging Face adapter for model.name = {cfg.model.name} "
+                f"(have: {', '.join(sorted(HF_ADAPTERS))})"
+            )
+    if c.initial_load_path and not Path(c.initial_load_path).exists():
+        raise ConfigError(f"checkpoint.initial_load_path {c.initial_load_path} does not exist")
+    if c.create_seed_checkpoint and world_size != 1:
+        raise ConfigError(
+            f"checkpoint.create_seed_checkpoint runs in one process (got {world_size}); run it with NPROC=1, "
+            "then start the real run on any layout"
+        )

@@ -1,0 +1,157 @@
+"""Reading and writing state through torch Distributed Checkpoint (DCP): whole TrainState, weights only, async.
+
+DCP stores every tensor with its global shape and each rank's pieces, so a checkpoint saved under one layout
+(world size, FSDP/TP degrees) loads under another: each rank reads the byte ranges its own shards need.
+"""
+
+from __future__ import annotations
+
+import warnings
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+from dtrain.errors import DtrainError
+
+# Full checkpoints nest the weights under this key (TrainState.state_dict); model-only ones keep them at the top,
+# as torchtitan's model-only checkpoints do, so either project can start from the other's weights.
+MODEL_KEY = "model"
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# DCP warns on every save and load without a process group that it assumes one process: that is our intent. (A
+# filter, not catch_warnings, because async saves warn from their background thread.)
+warnings.filterwarnings("ignore", message="torch.distributed is .*single process", category=UserWarning)
+
+
+def model_state_dict(model_parts: list[nn.Module]) -> dict[str, torch.Tensor]:
+    """The weights of every model part by FQN (DTensors where the model is sharded): live references, not copies."""
+    return {k: v for part in model_parts for k, v in get_model_state_dict(part).items()}
+
+
+def set_model_weights(model_parts: list[nn.Module], weights: dict[str, torch.Tensor]) -> None:
+    # Each part takes its own keys of the merged dict (pipeline stages), hence strict=False; the caller has
+    # checked beforehand that every key is present.
+    for part in model_parts:
+        set_model_state_dict(part, weights, options=StateDictOptions(strict=False))
+
+
+def export_weights(model_parts: list[nn.Module], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The weights, cast to `dtype` (a cast copies; float32 stays a reference), flat by FQN."""
+    return {k: v.to(dtype) for k, v in model_state_dict(model_parts).items()}
+
+
+def read_tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """{key: global shape} of every tensor stored in the DCP checkpoint at `path`."""
+    metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return {k: tuple(m.size) for k, m in metadata.items() if isinstance(m, TensorStorageMetadata)}
+
+
+def weights_prefix(shapes: dict[str, tuple[int, ...]]) -> str:
+    """Where a checkpoint keeps its weights: under "model." (a full dtrain checkpoint) or at the top."""
+    return f"{MODEL_KEY}." if any(k.startswith(f"{MODEL_KEY}.") for k in shapes) else ""
+
+
+def read_full_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Every weight of the DCP checkpoint at `path` as a whole tensor, by FQN (one process; for conversions)."""
+    metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    shapes = {k: tuple(m.size) for k, m in metadata.items() if isinstance(m, TensorStorageMetadata)}
+    prefix = weights_prefix(shapes)
+    wanted = {
+        key: torch.empty(shape, dtype=metadata[key].properties.dtype)
+        for key, shape in shapes.items()
+        if key.startswith(prefix)
+    }
+    load(wanted, path)
+    return {key[len(prefix):]: tensor for key, tensor in wanted.items()}
+
+
+def check_weights_fit(path: Path, shapes: dict[str, tuple[int, ...]], prefix: str, weights: dict) -> None:
+    """Refuse, naming the first problem, a checkpoint whose weights are not this model's (missing or reshaped)."""
+    missing = [k for k in weights if prefix + k not in shapes]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise DtrainError(
+            f"checkpoint {path} does not hold weight {missing[0]}{more} of this model "
+            "(a different model.name/flavor, or not a model checkpoint)"
+        )
+    for key, tensor in weights.items():
+        stored = shapes[prefix + key]
+        if stored != tuple(tensor.shape):
+            raise DtrainError(
+                f"checkpoint {path} holds {key} with shape {list(stored)}, this model's is {list(tensor.shape)} "
+                "(model.flavor, vocabulary or tie_word_embeddings differ)"
+            )
+
+
+def failure_summary(err: BaseException) -> str:
+    """One line for an exception out of DCP, which wraps each rank's failure (and its traceback) in one object."""
+    failures = getattr(err, "failures", None)
+    if failures:
+        rank, cause = next(iter(failures.items()))
+        cause = cause[0] if isinstance(cause, tuple) else cause  # DCP pairs each rank's exception with its traceback
+        err = cause if isinstance(cause, BaseException) else err
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        return f"rank {rank}: {type(err).__name__}: {first}"
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def _single_process() -> bool:
+    return not (dist.is_available() and dist.is_initialized())
+
+
+def load(state_dict: dict[str, Any], path: Path, process_group: dist.ProcessGroup | None = None) -> None:
+    """Fill `state_dict` in place from the checkpoint at `path` (tensors are copied into, other values replaced)."""
+    dcp.load(state_dict, checkpoint_id=str(path), process_group=process_group, no_dist=_single_process())
+
+
+def save(state_dict: dict[str, Any], path: Path, process_group: dist.ProcessGroup | None = None) -> None:
+    dcp.save(state_dict, checkpoint_id=str(path), process_group=process_group, no_dist=_single_process())
+
+
+class AsyncSaver:
+    """Async saves: a background thread copies ("stages") the state into host buffers, then writes it while
+    training goes on.
+
+    Forward and backward only read the weights and optimizer state; the optimizer step is the first thing that
+    changes them. So the copy may run during the next step's forward and backward, and the caller must wait for
+    `staging` to complete before the optimizer steps (CheckpointManager does, with an optimizer pre-hook).
+    The host buffers are kept from one save to the next (pinned ones are slow to allocate), which is safe
+    because a save starts only after the previous one was written. Background saves talk over their own gloo
+    process group, so they never interleave with the training's collectives.
+    """
+
+    def __init__(self, pinned_memory: bool, process_group: dist.ProcessGroup | None):
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        self._process_group = process_group
+        self._stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=pinned_memory,
+                use_shared_memory=False,
+                use_async_staging=True,
+                use_non_blocking_copy=pinned_memory,
+            )
+        )
+
+    def start(self, state_dict: dict[str, Any], path: Path) -> tuple[Future | None, Future]:
+        """Start staging `state_dict` and writing it to `path`: (staging done, written) futures."""
+        response = dcp.async_save(
+            state_dict,
+            checkpoint_id=str(path),
+            process_group=self._process_group,
+            async_stager=self._stager,
+            no_dist=_single_process(),
+        )
+        staging = getattr(response, "staging_completion", None)
+        return staging, getattr(response, "upload_completion", response)
+
+    def close(self) -> None:
+        self._stager.close()

@@ -1,0 +1,215 @@
+"""The checkpoint folder on disk: names, the commit record, scanning, verification, atomic commit and retention.
+
+    <job.dump_folder>/<checkpoint.folder>/
+        step-40/                 committed: the DCP files (.metadata, __<rank>_<n>.distcp) and dtrain_commit.json
+        step-50.partial/         being written, or left behind by a crash: never loaded, reported at start-up
+
+A checkpoint is written under `step-N.partial`, verified (the DCP metadata reads back and every file it refers to
+is there and long enough), given its commit record, and only then renamed to `step-N`. A rename within one folder
+is atomic, so a `step-N` folder with a record is a whole checkpoint; the record lists every file's size, so a
+checkpoint truncated or damaged later is recognised before anything is loaded from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from torch.distributed.checkpoint import FileSystemReader
+
+COMMIT_FILE = "dtrain_commit.json"
+PARTIAL_SUFFIX = ".partial"
+REPLACED_SUFFIX = ".replaced"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_LEFTOVER_DIR = re.compile(rf"^step-(\d+)({re.escape(PARTIAL_SUFFIX)}|{re.escape(REPLACED_SUFFIX)})$")
+
+
+class DamagedCheckpoint(Exception):
+    """A committed checkpoint whose files no longer match its commit record (truncated, missing, unreadable)."""
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """What a committed checkpoint holds and how it was written; stored as dtrain_commit.json in its folder.
+
+    `kind` is "full" (the whole TrainState) or "model_only" (weights only, in `dtype`). `data` describes the data
+    position's meaning (global batch, seq_len, dataset) so a resume can tell whether it carries over exactly.
+    """
+
+    step: int
+    kind: str
+    tokens_seen: int = 0
+    seed: int | None = None
+    dtype: str = "float32"
+    world_size: int = 1
+    parallelism: dict = field(default_factory=dict)
+    data: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)
+    saved_at: str = ""
+    torch_version: str = ""
+
+    @property
+    def model_only(self) -> bool:
+        return self.kind == "model_only"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> CommitRecord:
+        raw = json.loads(text)
+        known = {name: raw[name] for name in CommitRecord.__dataclass_fields__ if name in raw}
+        return CommitRecord(**known)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A `step-N` folder that carries a commit record (not yet verified against its files)."""
+
+    step: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class FolderScan:
+    """The checkpoints of one folder: committed ones oldest first, and leftovers that are never loaded."""
+
+    committed: list[Committed]
+    incomplete: list[Path]
+
+    def describe_incomplete(self) -> str:
+        return ", ".join(p.name for p in self.incomplete)
+
+
+def step_dir(folder: Path, step: int) -> Path:
+    return folder / f"step-{step}"
+
+
+def partial_dir(folder: Path, step: int) -> Path:
+    return folder / f"step-{step}{PARTIAL_SUFFIX}"
+
+
+def scan_checkpoints(folder: Path) -> FolderScan:
+    """Committed checkpoints (a `step-N` folder with a commit record) and incomplete leftovers in `folder`."""
+    committed, incomplete = [], []
+    if folder.is_dir():
+        for entry in folder.iterdir():
+            if not entry.is_dir():
+                continue
+            match = _STEP_DIR.match(entry.name)
+            if match and (entry / COMMIT_FILE).is_file():
+                committed.append(Committed(int(match.group(1)), entry))
+            elif match or _LEFTOVER_DIR.match(entry.name):
+                incomplete.append(entry)
+    committed.sort(key=lambda c: c.step)
+    incomplete.sort(key=lambda p: p.name)
+    return FolderScan(committed, incomplete)
+
+
+def is_dcp_checkpoint(path: Path) -> bool:
+    return (path / ".metadata").is_file()
+
+
+def written_files(path: Path) -> dict[str, int]:
+    """Check a just-written DCP folder and return {file name: size} of every file in it (the record excluded).
+
+    The metadata must read back and every storage file it refers to must hold the bytes it points at.
+    """
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as err:  # a torn or unreadable .metadata: the message is what matters
+        raise DamagedCheckpoint(f"{path}/.metadata cannot be read ({type(err).__name__}: {err})") from err
+    sizes = {p.name: p.stat().st_size for p in path.iterdir() if p.is_file() and p.name != COMMIT_FILE}
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        name = str(info.relative_path)
+        needed[name] = max(needed.get(name, 0), int(info.offset) + int(info.length))
+    for name, length in sorted(needed.items()):
+        if sizes.get(name, -1) < length:
+            raise DamagedCheckpoint(f"{path}/{name} holds {sizes.get(name, 0)} bytes where {length} were written")
+    return sizes
+
+
+def read_record(path: Path) -> CommitRecord:
+    """The commit record of the checkpoint at `path`, checked against the files present (DamagedCheckpoint if not)."""
+    try:
+        record = CommitRecord.from_json((path / COMMIT_FILE).read_text())
+    except (OSError, ValueError, TypeError) as err:
+        raise DamagedCheckpoint(f"{path}/{COMMIT_FILE} cannot be read ({err})") from err
+    for name, size in sorted(record.files.items()):
+        file = path / name
+        actual = file.stat().st_size if file.is_file() else None
+        if actual != size:
+            found = "is missing" if actual is None else f"has {actual} bytes"
+            raise DamagedCheckpoint(f"{file} {found}; {size} were committed")
+    if is_dcp_checkpoint(path):
+        try:
+            FileSystemReader(str(path)).read_metadata()
+        except Exception as err:
+            raise DamagedCheckpoint(f"{path}/.metadata cannot be read ({type(err).__name__}: {err})") from err
+    return record
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's or a folder's entry to disk so a crash cannot undo what the rename promised."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems (and Windows) cannot fsync a folder; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def write_record(path: Path, record: CommitRecord) -> None:
+    """Write the commit record into `path` via a temporary file, so a torn record is never seen."""
+    temporary = path / f"{COMMIT_FILE}.tmp"
+    temporary.write_text(record.to_json())
+    _fsync(temporary)
+    os.replace(temporary, path / COMMIT_FILE)
+    _fsync(path)
+
+
+def commit(partial: Path, final: Path, record: CommitRecord) -> CommitRecord:
+    """Verify the DCP files in `partial`, record them, and rename the folder to `final` (replacing an older one)."""
+    record = replace(record, files=written_files(partial))
+    write_record(partial, record)
+    replaced = None
+    if final.exists():
+        # A checkpoint of the same step from an abandoned timeline (resume from an earlier load_step): keep it
+        # until the new one is in place, so that some checkpoint of this step always exists.
+        replaced = final.with_name(final.name + REPLACED_SUFFIX)
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.replace(final, replaced)
+    os.replace(partial, final)
+    _fsync(final.parent)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
+    return record
+
+
+def prune(folder: Path, keep_latest_k: int, keep: Path) -> list[Path]:
+    """Delete committed checkpoints beyond the newest `keep_latest_k` (0 keeps all), and our own leftovers
+    (`.partial`, `.replaced`) of steps before the newest committed one.
+
+    `keep` (the checkpoint just committed) is never deleted, whatever its step. A `step-N` folder without a record
+    may be something the user put there (say, a torchtitan checkpoint), so it is reported, never deleted.
+    Returns the deleted folders.
+    """
+    scan = scan_checkpoints(folder)
+    doomed: list[Path] = []
+    if keep_latest_k > 0:
+        others = [c for c in scan.committed if c.path != keep]
+        doomed += [c.path for c in others[: max(len(others) - (keep_latest_k - 1), 0)]]
+    newest = max((c.step for c in scan.committed), default=-1)
+    for leftover in scan.incomplete:
+        match = _LEFTOVER_DIR.match(leftover.name)
+        if match and int(match.group(1)) < newest:
+            doomed.append(leftover)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed

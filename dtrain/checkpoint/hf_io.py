@@ -1,0 +1,154 @@
+"""Hugging Face safetensors in and out, for any model family with an adapter (see hf_llama3.py).
+
+Reading goes through `safetensors` only (no pickle): tensors are memory-mapped and read one at a time, so a rank
+holds at most one full tensor beyond its own shards while loading. Writing (for the conversion script) splits the
+weights into files of at most `max_shard_bytes` with HF's `model.safetensors.index.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from dtrain.checkpoint.dcp_io import model_state_dict, set_model_weights
+from dtrain.checkpoint.hf_llama3 import Llama3HFAdapter
+from dtrain.errors import DtrainError
+
+# Family name → adapter class (constructed with the family's model args). A new family registers its adapter here.
+HF_ADAPTERS: dict[str, Callable[[Any], Any]] = {"llama3": Llama3HFAdapter}
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+
+
+def build_adapter(family: str, model_args: Any):
+    if family not in HF_ADAPTERS:
+        raise DtrainError(f"no Hugging Face adapter for model family {family} (have: {', '.join(sorted(HF_ADAPTERS))})")
+    return HF_ADAPTERS[family](model_args)
+
+
+def safetensors_index(path: Path) -> dict[str, Path]:
+    """{HF tensor name: file} for a folder of safetensors (with or without an index) or a single .safetensors file."""
+    from safetensors import safe_open
+
+    if path.is_file():
+        files = [path] if path.suffix == ".safetensors" else []
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise DtrainError(f"{path} holds no .safetensors files (expected a Hugging Face model folder)")
+    index: dict[str, Path] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                index.update({name: file for name in handle.keys()})
+        except Exception as err:  # safetensors raises its own error types for torn or foreign files
+            raise DtrainError(f"{file} is not a readable safetensors file ({err})") from err
+    return index
+
+
+def read_hf_config(path: Path) -> dict[str, Any] | None:
+    folder = path if path.is_dir() else path.parent
+    file = folder / CONFIG_FILE
+    if not file.is_file():
+        return None
+    try:
+        return json.loads(file.read_text())
+    except ValueError as err:
+        raise DtrainError(f"{file} is not valid JSON ({err})") from err
+
+
+@contextlib.contextmanager
+def _open_all(files: set[Path]) -> Iterator[dict[Path, Any]]:
+    from safetensors import safe_open
+
+    with contextlib.ExitStack() as stack:
+        yield {f: stack.enter_context(safe_open(str(f), framework="pt")) for f in files}
+
+
+def iter_hf_weights(path: Path, adapter, fqns: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(our FQN, full tensor in our layout) for each of `fqns`, read from the HF checkpoint at `path`."""
+    index = safetensors_index(path)
+    missing = [fqn for fqn in fqns if adapter.hf_name(fqn) not in index]
+    if missing:
+        raise DtrainError(
+            f"Hugging Face checkpoint {path} lacks {adapter.hf_name(missing[0])} (for {missing[0]})"
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+        )
+    with _open_all({index[adapter.hf_name(f)] for f in fqns}) as handles:
+        for fqn in fqns:
+            name = adapter.hf_name(fqn)
+            yield fqn, adapter.from_hf(fqn, handles[index[name]].get_tensor(name))
+
+
+def load_hf_weights(model_parts: list[nn.Module], path: Path, adapter) -> None:
+    """Load HF safetensors weights into the (possibly sharded) model parts; every weight must be found."""
+    config = read_hf_config(path)
+    if config is not None:
+        try:
+            adapter.check_hf_config(config)
+        except ValueError as err:
+            raise DtrainError(f"Hugging Face config {path}/{CONFIG_FILE} {err}") from None
+    targets = model_state_dict(model_parts)
+    loaded: dict[str, torch.Tensor] = {}
+    for fqn, full in iter_hf_weights(path, adapter, list(targets)):
+        target = targets[fqn]
+        if tuple(full.shape) != tuple(target.shape):
+            raise DtrainError(
+                f"Hugging Face checkpoint {path}: {adapter.hf_name(fqn)} has shape {list(full.shape)}, "
+                f"this model's {fqn} has {list(target.shape)}"
+            )
+        full = full.to(dtype=target.dtype)
+        if isinstance(target, DTensor):
+            # Every rank holds the full tensor here, so each cuts its own shard without communication.
+            loaded[fqn] = distribute_tensor(
+                full.to(target.device_mesh.device_type), target.device_mesh, target.placements, src_data_rank=None
+            )
+        else:
+            loaded[fqn] = full.to(target.device)
+    set_model_weights(model_parts, loaded)
+
+
+def save_hf(
+    weights: dict[str, torch.Tensor], out_dir: Path, adapter, dtype: torch.dtype, max_shard_bytes: int = 5 << 30
+) -> list[Path]:
+    """Write full (unsharded) weights as HF safetensors plus config.json into `out_dir`; returns the files written."""
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    shard_bytes = 0
+    for fqn, tensor in weights.items():
+        converted = adapter.to_hf(fqn, tensor)
+        if converted is None:
+            continue
+        name, hf_tensor = converted
+        hf_tensor = hf_tensor.to(dtype).contiguous()
+        size = hf_tensor.numel() * hf_tensor.element_size()
+        if shards[-1] and shard_bytes + size > max_shard_bytes:
+            shards.append({})
+            shard_bytes = 0
+        shards[-1][name] = hf_tensor
+        shard_bytes += size
+    if len(shards) == 1:
+        names = ["model.safetensors"]
+    else:
+        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    written = []
+    for name, shard in zip(names, shards):
+        save_file(shard, str(out_dir / name), metadata={"format": "pt"})
+        written.append(out_dir / name)
+    if len(shards) > 1:
+        total = sum(t.numel() * t.element_size() for shard in shards for t in shard.values())
+        weight_map = {tensor: name for name, shard in zip(names, shards) for tensor in shard}
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
+        written.append(out_dir / INDEX_FILE)
+    (out_dir / CONFIG_FILE).write_text(json.dumps(adapter.hf_config(dtype), indent=2))
+    written.append(out_dir / CONFIG_FILE)
+    return written

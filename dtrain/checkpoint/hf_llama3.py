@@ -1,0 +1,188 @@
+"""Hugging Face adapter of the Llama 3 family: LlamaForCausalLM's parameter names, attention layout and config.json.
+
+Names: ours are torchtitan's (`layers.N.attention.wq.weight`, ...), HF's are `model.layers.N.self_attn.q_proj.weight`.
+
+Layout: our RoPE (like Meta's reference and torchtitan) rotates feature pairs (2i, 2i+1) of each head; HF's
+rotates halves, pairing feature i with i + head_dim/2. Both compute the same attention when wq's and wk's output
+rows are reordered within every head, which is what HF's own Llama conversion does: row 2i+c of a head (c = 0, 1)
+becomes row c * head_dim/2 + i. wv, wo and everything else keep their layout.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from dtrain.models.llama3 import Llama3Args, RopeScaling
+
+_TOP_LEVEL = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_IN_BLOCK = {
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+_BLOCK_FQN = re.compile(r"^layers\.(\d+)\.(.+)$")
+HF_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def pairs_to_halves(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder a q/k projection's output rows from interleaved-pair RoPE (ours) to rotate-half RoPE (HF)."""
+    rows, cols = weight.shape
+    return weight.reshape(n_heads, rows // n_heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def halves_to_pairs(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The inverse of `pairs_to_halves`: HF's rotate-half rows back to interleaved pairs."""
+    rows, cols = weight.shape
+    return weight.reshape(n_heads, 2, rows // n_heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def llama3_args_from_hf_config(config: dict[str, Any]) -> Llama3Args:
+    """Llama3Args that reproduce a LlamaForCausalLM config.json (e.g. to convert a checkpoint without a flavor).
+
+    Our args give the SwiGLU width by Meta's rounding rule; to reproduce any `intermediate_size` exactly, it becomes
+    the rounding multiple, and the multiplier is chosen so the unrounded width is positive and no larger.
+    """
+    dim, intermediate = int(config["hidden_size"]), int(config["intermediate_size"])
+    base = int(2 * (4 * dim) / 3)
+    rope = _rope_config(config)
+    return Llama3Args(
+        dim=dim,
+        n_layers=int(config["num_hidden_layers"]),
+        n_heads=int(config["num_attention_heads"]),
+        n_kv_heads=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
+        vocab_size=int(config["vocab_size"]),
+        multiple_of=intermediate,
+        ffn_dim_multiplier=None if base <= intermediate else intermediate / base,
+        norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        rope_scaling=_scaling_from(rope),
+        max_seq_len=int(config.get("max_position_embeddings", 8192)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+    )
+
+
+def _rope_config(config: dict[str, Any]) -> dict[str, Any]:
+    """rope_theta and scaling, from the classic keys (rope_theta, rope_scaling) or transformers 5's rope_parameters."""
+    merged = dict(config.get("rope_scaling") or {})
+    merged.update(config.get("rope_parameters") or {})
+    if "rope_theta" in config:
+        merged.setdefault("rope_theta", config["rope_theta"])
+    return merged
+
+
+def _scaling_from(rope: dict[str, Any]) -> RopeScaling | None:
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise ValueError(f"rope_type {kind!r} is not Llama 3's (llama3 or default)")
+    return RopeScaling(
+        factor=float(rope["factor"]),
+        low_freq_factor=float(rope["low_freq_factor"]),
+        high_freq_factor=float(rope["high_freq_factor"]),
+        original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+    )
+
+
+class Llama3HFAdapter:
+    """Converts one tensor at a time between our Llama 3 FQNs and LlamaForCausalLM's safetensors names."""
+
+    family = "llama3"
+    args_from_hf_config = staticmethod(llama3_args_from_hf_config)
+
+    def __init__(self, args: Llama3Args):
+        self.args = args
+
+    def hf_name(self, fqn: str) -> str:
+        """The HF tensor our `fqn` is read from (a tied head reads the embedding: HF stores no lm_head then)."""
+        if fqn == "output.weight" and self.args.tie_word_embeddings:
+            return _TOP_LEVEL["tok_embeddings.weight"]
+        if fqn in _TOP_LEVEL:
+            return _TOP_LEVEL[fqn]
+        match = _BLOCK_FQN.match(fqn)
+        if match and match.group(2) in _IN_BLOCK:
+            return f"model.layers.{match.group(1)}.{_IN_BLOCK[match.group(2)]}"
+        raise ValueError(f"no Hugging Face name for Llama 3 parameter {fqn!r}")
+
+    def _heads(self, fqn: str) -> int | None:
+        if fqn.endswith("attention.wq.weight"):
+            return self.args.n_heads
+        if fqn.endswith("attention.wk.weight"):
+            return self.args.n_kv_heads
+        return None
+
+    def to_hf(self, fqn: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+        """(HF name, tensor in HF's layout), or None for a tensor HF does not store (a tied head)."""
+        if fqn == "output.weight" and self.args.tie_word_embeddings:
+            return None
+        heads = self._heads(fqn)
+        return self.hf_name(fqn), pairs_to_halves(tensor, heads) if heads else tensor
+
+    def from_hf(self, fqn: str, tensor: torch.Tensor) -> torch.Tensor:
+        """HF's tensor for our `fqn` (read from `hf_name(fqn)`) in our layout."""
+        heads = self._heads(fqn)
+        return halves_to_pairs(tensor, heads) if heads else tensor
+
+    def hf_config(self, dtype: torch.dtype) -> dict[str, Any]:
+        """config.json for LlamaForCausalLM with these weights."""
+        a = self.args
+        scaling = None
+        if a.rope_scaling is not None:
+            s = a.rope_scaling
+            scaling = {
+                "rope_type": "llama3",
+                "factor": s.factor,
+                "low_freq_factor": s.low_freq_factor,
+                "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_position_embeddings,
+            }
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": a.dim,
+            "intermediate_size": a.ffn_hidden_dim,
+            "num_hidden_layers": a.n_layers,
+            "num_attention_heads": a.n_heads,
+            "num_key_value_heads": a.n_kv_heads,
+            "head_dim": a.head_dim,
+            "vocab_size": a.vocab_size,
+            "max_position_embeddings": a.max_seq_len,
+            "rms_norm_eps": a.norm_eps,
+            "rope_theta": a.rope_theta,
+            "rope_scaling": scaling,
+            "tie_word_embeddings": a.tie_word_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "mlp_bias": False,
+            "initializer_range": 0.02,
+            "torch_dtype": HF_DTYPE_NAMES[dtype],
+        }
+
+    def check_hf_config(self, config: dict[str, Any]) -> None:
+        """ValueError naming the first setting in which a HF config.json differs from this model."""
+        try:
+            theirs = llama3_args_from_hf_config(config)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"is not a Llama config ({type(err).__name__}: {err})") from None
+        ours = self.args
+        # max_seq_len is ours to choose per run; it changes no weight and no result within the trained length.
+        theirs = replace(theirs, max_seq_len=ours.max_seq_len)
+        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_hidden_dim", "head_dim",
+                     "tie_word_embeddings", "rope_theta", "rope_scaling", "norm_eps"):
+            if getattr(theirs, name) != getattr(ours, name):
+                raise ValueError(f"has {name} = {getattr(theirs, name)}, this model has {getattr(ours, name)}")

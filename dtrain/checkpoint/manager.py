@@ -1,0 +1,242 @@
+"""CheckpointManager: the trainer's one handle on checkpoints (start-up restore, periodic/last/preemption saves).
+
+Typical use, all ranks alike:
+
+    manager = CheckpointManager(cfg, run_dir, world.rank, world.world_size, state, model_args=args)
+    manager.restore_at_startup()                        # resume / initial load / scratch, logged
+    while state.step < cfg.training.steps:
+        train_step(...)
+        stop = watcher.should_stop(state.step)
+        manager.maybe_save(state.step, last=state.step == cfg.training.steps, preempted=stop)
+        if stop: break
+    manager.close()                                     # waits for an async save in flight and commits it
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import shutil
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+
+from dtrain.checkpoint import dcp_io
+from dtrain.checkpoint.config_checks import check_checkpoint_config
+from dtrain.checkpoint.context import RunContext
+from dtrain.checkpoint.folders import (
+    CommitRecord,
+    DamagedCheckpoint,
+    commit,
+    partial_dir,
+    prune,
+    scan_checkpoints,
+    step_dir,
+)
+from dtrain.checkpoint.restore import Startup, restore_at_startup
+from dtrain.config.schema import JobConfig
+from dtrain.errors import DtrainError
+from dtrain.state import TrainState
+
+logger = logging.getLogger("dtrain")
+
+
+@dataclass
+class _PendingSave:
+    """An async save being written in the background, to be committed once it completes."""
+
+    future: Future
+    partial: Path
+    final: Path
+    record: CommitRecord
+    started: float
+
+
+class CheckpointManager:
+    """Saves and restores `state` under `<run_dir>/<checkpoint.folder>` (see docs/checkpointing.md).
+
+    Must be constructed on every rank at the same point (it creates a gloo process group when distributed).
+    `model_args` are the model family's args, needed to load Hugging Face weights.
+    """
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        run_dir: Path | str,
+        world_rank: int,
+        world_size: int,
+        state: TrainState,
+        *,
+        model_args: Any = None,
+    ):
+        check_checkpoint_config(cfg, world_size)
+        group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
+        folder = Path(run_dir) / cfg.checkpoint.folder
+        self.ctx = RunContext(cfg, folder, state, world_rank, world_size, group, model_args)
+        self.cfg = cfg.checkpoint
+        self.folder = folder
+        self._async = None
+        self._staging: Future | None = None
+        self._hook = None
+        if self.cfg.async_mode != "disabled":
+            self._async = dcp_io.AsyncSaver(self.cfg.async_mode == "async_with_pinned_mem", group)
+            # The state is copied in the background while the next step computes; it must be complete before
+            # the optimizer changes the weights.
+            self._hook = state.optimizer.register_step_pre_hook(self._finish_staging)
+        self._pending: _PendingSave | None = None
+        # Seconds the training loop waited for the latest save: all of it when synchronous; when async, the call
+        # plus any wait for the background copy before the next optimizer step.
+        self.last_blocked_s = 0.0
+
+    # -- start-up -----------------------------------------------------------------------------------------------
+    def restore_at_startup(self) -> Startup:
+        """Resume, initial-load or start from scratch by the start-up rule; logs which, returns a `Startup`."""
+        return restore_at_startup(self.ctx)
+
+    # -- saving -------------------------------------------------------------------------------------------------
+    def maybe_save(self, step: int, *, last: bool = False, preempted: bool = False) -> bool:
+        """Call after every train step: saves on the interval, at the last step, and when preempted.
+
+        The last save holds only the weights (in checkpoint.export_dtype) when checkpoint.last_save_model_only.
+        Also commits an async save that finished meanwhile. Returns whether a save started.
+        """
+        self._commit_if_done()
+        if not self.cfg.enable:
+            if preempted:
+                logger.warning("checkpoint.enable is false: stopping without a checkpoint")
+            return False
+        if last:
+            self.save(step, model_only=self.cfg.last_save_model_only)
+        elif preempted or step % self.cfg.interval == 0:
+            self.save(step)
+        else:
+            return False
+        return True
+
+    def save(self, step: int, *, model_only: bool = False, dtype: str | None = None, blocking: bool = False) -> None:
+        """Save the state (or only the weights, in `dtype` or checkpoint.export_dtype) as step-`step`."""
+        self._wait_and_commit()
+        state, ctx = self.ctx.state, self.ctx
+        partial, final = partial_dir(self.folder, step), step_dir(self.folder, step)
+        if ctx.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)  # left by a crash in an earlier attempt at this step
+            partial.mkdir(parents=True)
+        if ctx.group is not None:
+            dist.barrier(group=ctx.group)
+        dtype = dtype or self.cfg.export_dtype
+        if model_only:
+            state_dict = dcp_io.export_weights(state.model_parts, dcp_io.EXPORT_DTYPES[dtype])
+            weights = state_dict
+        else:
+            state_dict = state.state_dict()
+            weights = state_dict[dcp_io.MODEL_KEY]
+        record = CommitRecord(
+            step=step,
+            kind="model_only" if model_only else "full",
+            tokens_seen=state.tokens_seen,
+            seed=state.seed,
+            dtype=str(next(iter(weights.values())).dtype).removeprefix("torch."),
+            world_size=ctx.world_size,
+            parallelism=ctx.parallelism(),
+            data=ctx.data_layout(),
+            saved_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            torch_version=torch.__version__,
+        )
+        started = time.perf_counter()
+        if self._async is not None and not blocking:
+            try:
+                self._staging, future = self._async.start(state_dict, partial)
+            except (Exception, CheckpointException) as err:
+                raise DtrainError(f"checkpoint step-{step}: async save failed: {dcp_io.failure_summary(err)}") from None
+            self.last_blocked_s = time.perf_counter() - started
+            self._pending = _PendingSave(future, partial, final, record, started)
+            return
+        try:
+            dcp_io.save(state_dict, partial)
+        except (Exception, CheckpointException) as err:
+            raise DtrainError(f"checkpoint step-{step}: save failed: {dcp_io.failure_summary(err)}") from None
+        self._commit(partial, final, record, started)
+        self.last_blocked_s = time.perf_counter() - started
+
+    def save_seed_checkpoint(self) -> Path:
+        """Save the freshly initialised weights (float32) as step-0 and return its folder (one process only)."""
+        scan = scan_checkpoints(self.folder)
+        if scan.committed or scan.incomplete:
+            raise DtrainError(
+                f"{self.folder} already holds checkpoints; create the seed checkpoint with a new job.dump_folder"
+            )
+        self.save(0, model_only=True, dtype="float32", blocking=True)
+        path = step_dir(self.folder, 0)
+        logger.info(
+            f"checkpoint: seed checkpoint written to {path}; start runs (any layout) with this job.dump_folder "
+            f"and checkpoint.enable, or with checkpoint.initial_load_path = {path}"
+        )
+        return path
+
+    def wait(self) -> None:
+        """Block until an async save still being written is on disk, and commit it."""
+        self._wait_and_commit()
+
+    def close(self) -> None:
+        """Wait for an async save still being written, commit it, and release the staging buffers."""
+        try:
+            self._wait_and_commit()
+        finally:
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
+            if self._async is not None:
+                self._async.close()
+                self._async = None
+
+    # -- committing ---------------------------------------------------------------------------------------------
+    def _finish_staging(self, *_hook_args) -> None:
+        """Optimizer pre-hook: wait until the background copy of the state is complete (usually it already is)."""
+        staging, self._staging = self._staging, None
+        if staging is None:
+            return
+        started = time.perf_counter()
+        try:
+            staging.result()
+        except (Exception, CheckpointException) as err:
+            raise DtrainError(f"checkpoint: async staging failed: {dcp_io.failure_summary(err)}") from None
+        self.last_blocked_s += time.perf_counter() - started
+
+    def _commit_if_done(self) -> None:
+        if self._pending is not None and self._pending.future.done():
+            self._wait_and_commit()
+
+    def _wait_and_commit(self) -> None:
+        self._finish_staging()
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending.future.result()
+        except (Exception, CheckpointException) as err:
+            raise DtrainError(
+                f"checkpoint step-{pending.record.step}: async save failed: {dcp_io.failure_summary(err)}"
+            ) from None
+        self._commit(pending.partial, pending.final, pending.record, pending.started, background=True)
+
+    def _commit(self, partial: Path, final: Path, record: CommitRecord, started: float, background=False) -> None:
+        """Rank 0 verifies and renames the written folder, then applies retention (DCP has finished on all ranks)."""
+        if self.ctx.rank != 0:
+            return
+        try:
+            commit(partial, final, record)
+        except DamagedCheckpoint as err:
+            raise DtrainError(f"checkpoint step-{record.step} failed verification after writing: {err}") from None
+        removed = prune(self.folder, self.cfg.keep_latest_k, keep=final)
+        kind = f"weights only, {record.dtype}" if record.model_only else "full state"
+        how = f" in the background, training blocked {self.last_blocked_s:.2f} s" if background else ""
+        logger.info(
+            f"checkpoint: saved {final} ({kind}) in {time.perf_counter() - started:.2f} s{how}"
+            + (f"; removed {', '.join(p.name for p in removed)}" if removed else "")
+        )

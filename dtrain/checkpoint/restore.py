@@ -1,0 +1,310 @@
+"""The start-up rule: resume the run directory's checkpoint, else restore checkpoint.initial_load_path, else start
+from scratch (or fail, with checkpoint.require_checkpoint). Rank 0 decides; every rank then loads.
+
+1. resume:       <run>/<checkpoint.folder> holds a committed checkpoint → the whole TrainState of the newest one
+                 (or of checkpoint.load_step), minus checkpoint.exclude_from_loading.
+2. initial_load: else checkpoint.initial_load_path is set → its weights (the whole state with
+                 initial_load_model_only = false), DCP or Hugging Face safetensors; the run saves into its own folder.
+3. scratch:      else the freshly initialised state.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch.distributed.checkpoint.api import CheckpointException
+
+from dtrain.checkpoint import dcp_io
+from dtrain.checkpoint.context import RunContext
+from dtrain.checkpoint.folders import (
+    COMMIT_FILE,
+    CommitRecord,
+    DamagedCheckpoint,
+    is_dcp_checkpoint,
+    read_record,
+    scan_checkpoints,
+)
+from dtrain.errors import DtrainError
+
+logger = logging.getLogger("dtrain")
+FALLBACK_HINT = "set checkpoint.fallback_to_previous = true to resume from the previous complete checkpoint"
+
+
+class LoadFailed(DtrainError):
+    """Reading a checkpoint that looked intact failed; with fallback_to_previous the one before it is tried."""
+
+
+@dataclass(frozen=True)
+class Startup:
+    """What restore_at_startup did: the rule that fired ("resume", "initial_load", "scratch"), from where, and
+    the step training continues after."""
+
+    rule: str
+    step: int = 0
+    path: Path | None = None
+    model_only: bool = False
+
+    def describe(self) -> str:
+        if self.rule == "scratch":
+            return "checkpoint: starting from scratch (no checkpoint to resume, no checkpoint.initial_load_path)"
+        what = "weights only" if self.model_only else "full training state"
+        if self.rule == "resume":
+            return f"checkpoint: resuming from {self.path} ({what}) at step {self.step}"
+        return f"checkpoint: initial load from {self.path} ({what}); continuing as a new run at step {self.step}"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Rank 0's decision, sent to every rank."""
+
+    rule: str
+    path: Path | None = None
+    record: CommitRecord | None = None
+    source: str = "dcp"  # or "hf"
+    model_only: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def restore_at_startup(ctx: RunContext) -> Startup:
+    """Apply the start-up rule to `ctx.state`, log which rule fired, and return it. Errors are one-line DtrainErrors."""
+    failed: set[Path] = set()
+    while True:
+        plan = ctx.agree(lambda: _choose(ctx, failed))
+        for note in plan.notes:
+            logger.warning(note)
+        if plan.rule == "scratch":
+            startup = Startup("scratch")
+            break
+        try:
+            _apply(ctx, plan)
+        except LoadFailed as err:
+            c = ctx.cfg.checkpoint
+            if plan.rule == "resume" and c.fallback_to_previous and c.load_step < 0:
+                logger.warning(f"{err}; falling back to the previous complete checkpoint")
+                failed.add(plan.path)
+                continue
+            hint = f"; {FALLBACK_HINT}" if plan.rule == "resume" and c.load_step < 0 else ""
+            raise LoadFailed(f"{err}{hint}") from None
+        startup = Startup(plan.rule, ctx.state.step, plan.path, plan.model_only)
+        break
+    logger.info(startup.describe())
+    if startup.rule == "resume" and startup.step >= ctx.cfg.training.steps:
+        logger.info(f"checkpoint: the run already reached training.steps = {ctx.cfg.training.steps}; nothing to train")
+    return startup
+
+
+def _choose(ctx: RunContext, failed: set[Path]) -> _Plan:
+    c = ctx.cfg.checkpoint
+    scan = scan_checkpoints(ctx.folder)
+    notes = []
+    if scan.incomplete:
+        notes.append(
+            f"checkpoint: ignoring incomplete checkpoint folder(s) without a commit record in {ctx.folder}: "
+            f"{scan.describe_incomplete()}"
+        )
+    if c.enable:
+        found = _newest_resumable(ctx, scan.committed, failed, notes)
+        if found is not None:
+            path, record = found
+            return _Plan("resume", path, record, model_only=record.model_only, notes=tuple(notes))
+    elif scan.committed:
+        notes.append(f"checkpoint.enable is false: not resuming from the checkpoint(s) in {ctx.folder}")
+    if c.initial_load_path:
+        return _initial_load_plan(ctx, notes)
+    if c.require_checkpoint:
+        raise DtrainError(
+            f"checkpoint.require_checkpoint is set, but {ctx.folder} holds no complete checkpoint"
+            + ("" if c.enable else " that may be resumed (checkpoint.enable is false)")
+            + " and checkpoint.initial_load_path is empty"
+        )
+    return _Plan("scratch", notes=tuple(notes))
+
+
+def _newest_resumable(ctx, committed, failed, notes) -> tuple[Path, CommitRecord] | None:
+    """The checkpoint to resume: the newest intact one (or checkpoint.load_step's), as (path, record)."""
+    c = ctx.cfg.checkpoint
+    candidates = [entry for entry in reversed(committed) if entry.path not in failed]
+    if failed and not candidates:
+        # Falling back must end at an intact checkpoint, never at a silent fresh start.
+        raise DtrainError(
+            f"no checkpoint in {ctx.folder} could be loaded (tried {', '.join(p.name for p in sorted(failed))})"
+        )
+    if c.load_step >= 0:
+        candidates = [entry for entry in candidates if entry.step == c.load_step]
+        if not candidates:
+            steps = ", ".join(str(entry.step) for entry in committed) or "none"
+            raise DtrainError(
+                f"checkpoint.load_step = {c.load_step}: {ctx.folder} holds no complete checkpoint step-{c.load_step} "
+                f"(complete steps: {steps})"
+            )
+    skipped = []
+    for position, entry in enumerate(candidates):
+        try:
+            record = read_record(entry.path)
+        except DamagedCheckpoint as err:
+            has_previous = position + 1 < len(candidates)
+            if c.fallback_to_previous and c.load_step < 0 and has_previous:
+                notes.append(f"checkpoint {entry.path} is damaged ({err}); falling back to the previous one")
+                continue
+            hint = FALLBACK_HINT if has_previous and c.load_step < 0 else "remove it to start over"
+            raise DtrainError(f"checkpoint {entry.path} is damaged: {err}; {hint}") from None
+        total = ctx.cfg.training.steps
+        if record.model_only and (0 < record.step < total or skipped):
+            # Weights alone cannot continue a run mid-way (optimizer, schedule and data position are missing);
+            # nor may a run that went past its seed checkpoint silently start over from it.
+            skipped.append(entry.path)
+            continue
+        if skipped:
+            notes.append(f"checkpoint: skipping model-only {', '.join(p.name for p in skipped)} (weights only)")
+        return entry.path, record
+    if skipped:
+        raise DtrainError(
+            f"{ctx.folder} holds only model-only checkpoints before training.steps = {ctx.cfg.training.steps} "
+            f"({', '.join(p.name for p in skipped)}), which cannot resume a run; start a new run from one with "
+            "checkpoint.initial_load_path (and a new job.dump_folder)"
+        )
+    return None
+
+
+def _initial_load_plan(ctx: RunContext, notes: list[str]) -> _Plan:
+    c = ctx.cfg.checkpoint
+    path = Path(c.initial_load_path)
+    key = "checkpoint.initial_load_path"
+    if not path.exists():
+        raise DtrainError(f"{key} {path} does not exist")
+    if c.initial_load_in_hf:
+        from dtrain.checkpoint.hf_io import safetensors_index
+
+        safetensors_index(path)  # readable safetensors, or a one-line error now rather than while loading
+        return _Plan("initial_load", path, source="hf", model_only=True, notes=tuple(notes))
+    if path.is_file():
+        raise DtrainError(
+            f"{key} {path} is a file; expected a DCP checkpoint folder (for safetensors set "
+            "checkpoint.initial_load_in_hf = true)"
+        )
+    if not is_dcp_checkpoint(path):
+        committed = scan_checkpoints(path).committed
+        if committed:
+            path = committed[-1].path
+        elif not any(path.iterdir()):
+            raise DtrainError(f"{key} {path} is an empty folder")
+        else:
+            raise DtrainError(
+                f"{key} {path} is neither a DCP checkpoint (no .metadata) nor a folder of committed step-N checkpoints"
+            )
+    record = None
+    try:
+        if (path / COMMIT_FILE).exists():
+            record = read_record(path)
+        else:
+            dcp_io.read_tensor_shapes(path)
+    except DamagedCheckpoint as err:
+        raise DtrainError(f"{key} {path} is damaged: {err}") from None
+    except Exception as err:
+        raise DtrainError(f"{key} {path} cannot be read ({type(err).__name__}: {err})") from None
+    if not c.initial_load_model_only:
+        if record is None:
+            raise DtrainError(
+                f"{key} {path} has no {COMMIT_FILE}, so it is not a dtrain checkpoint whose full state can be loaded; "
+                "set checkpoint.initial_load_model_only = true to load its weights"
+            )
+        if record.model_only:
+            raise DtrainError(
+                f"{key} {path} holds weights only; set checkpoint.initial_load_model_only = true"
+            )
+    return _Plan("initial_load", path, record, model_only=c.initial_load_model_only, notes=tuple(notes))
+
+
+def _apply(ctx: RunContext, plan: _Plan) -> None:
+    record = plan.record
+    if record is not None and (record.world_size, record.parallelism) != (ctx.world_size, ctx.parallelism()):
+        logger.info(
+            f"checkpoint: saved by {record.world_size} rank(s) with {_degrees(record.parallelism)}, loading into "
+            f"{ctx.world_size} with {_degrees(ctx.parallelism())}: DCP reshards"
+        )
+    if plan.source == "hf":
+        from dtrain.checkpoint.hf_io import build_adapter, load_hf_weights
+
+        load_hf_weights(ctx.state.model_parts, plan.path, build_adapter(ctx.cfg.model.name, ctx.model_args))
+    elif plan.model_only:
+        load_weights(ctx, plan.path)
+        if plan.rule == "resume" and plan.record is not None and plan.record.step > 0:
+            # A finished run's final model-only save: nothing is left to train, so only the counters move.
+            ctx.state.step, ctx.state.tokens_seen = plan.record.step, plan.record.tokens_seen
+    else:
+        load_full_state(ctx, plan.path, plan.record)
+
+
+def _degrees(parallelism: dict) -> str:
+    shown = {k.replace("_parallel", "").replace("_degree", ""): v for k, v in parallelism.items() if v != 1}
+    return ", ".join(f"{k} {v}" for k, v in shown.items()) or "no parallelism"
+
+
+def load_weights(ctx: RunContext, path: Path) -> None:
+    """Load the model weights (resharded to this layout) from a full or model-only DCP checkpoint."""
+    weights = dcp_io.model_state_dict(ctx.state.model_parts)
+    shapes = dcp_io.read_tensor_shapes(path)
+    prefix = dcp_io.weights_prefix(shapes)
+    dcp_io.check_weights_fit(path, shapes, prefix, weights)
+    wanted = {prefix + k: v for k, v in weights.items()}
+    _load(ctx, wanted, path)
+    dcp_io.set_model_weights(ctx.state.model_parts, {k: wanted[prefix + k] for k in weights})
+
+
+def load_full_state(ctx: RunContext, path: Path, record: CommitRecord) -> None:
+    """Load the whole TrainState from `path` except checkpoint.exclude_from_loading, resharding as needed."""
+    state = ctx.state
+    exclude = set(ctx.cfg.checkpoint.exclude_from_loading)
+    if "dataloader" not in exclude:
+        check_data_layout(ctx, path, record)
+    current = state.state_dict()
+    shapes = dcp_io.read_tensor_shapes(path)
+    dcp_io.check_weights_fit(path, shapes, f"{dcp_io.MODEL_KEY}.", current[dcp_io.MODEL_KEY])
+    wanted = {k: v for k, v in current.items() if k not in exclude}
+    _load(ctx, wanted, path)
+    saved_seed = wanted["train"]["seed"]
+    if saved_seed != state.seed:
+        raise DtrainError(
+            f"checkpoint {path} was trained with debug.seed = {saved_seed}, this run has debug.seed = {state.seed}; "
+            f"set --debug.seed {saved_seed} (seed and step are the run's random state)"
+        )
+    state.load_state_dict({**current, **wanted})
+    if "optimizer" in exclude:
+        # Reading the optimizer's state dict made DCP initialise it with one zero-gradient step; a fresh optimizer
+        # has no state at all, so drop it (Adam's bias correction counts from its first real step).
+        state.optimizer.state.clear()
+    # The optimizer applies param_groups' lr; make it the schedule's current value whichever parts were loaded.
+    for group, lr in zip(state.optimizer.param_groups, state.lr_scheduler.get_last_lr()):
+        group["lr"] = lr
+    if exclude:
+        logger.info(f"checkpoint: not loaded (checkpoint.exclude_from_loading): {', '.join(sorted(exclude))}")
+
+
+def check_data_layout(ctx: RunContext, path: Path, record: CommitRecord) -> None:
+    """Refuse a data position that would not continue exactly; log when it carries over to a new dp size."""
+    saved, now = record.data, ctx.data_layout()
+    if not saved:
+        return
+    changed = [k for k in ("global_batch", "seq_len", "dataset", "dataset_path") if saved.get(k) != now[k]]
+    if changed:
+        diffs = ", ".join(f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in changed)
+        raise DtrainError(
+            f"checkpoint {path}: its data position cannot continue exactly ({diffs}); keep them, or set "
+            'checkpoint.exclude_from_loading = ["dataloader"] to start the data from the beginning'
+        )
+    if saved.get("dp_size") != now["dp_size"]:
+        logger.info(
+            f"checkpoint: data position carries over from {saved.get('dp_size')} to {now['dp_size']} data-parallel "
+            f"rank(s) (global batch of {now['global_batch']} sequences unchanged)"
+        )
+
+
+def _load(ctx: RunContext, wanted: dict, path: Path) -> None:
+    try:
+        dcp_io.load(wanted, path)
+    except (Exception, CheckpointException) as err:
+        if isinstance(err, DtrainError):
+            raise
+        raise LoadFailed(f"cannot load checkpoint {path}: {dcp_io.failure_summary(err)}") from None

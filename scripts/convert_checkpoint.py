@@ -1,0 +1,116 @@
+"""Convert checkpoints between dtrain (DCP), Hugging Face safetensors and a single torch.save file. One process.
+
+    # DCP (full or model-only, any layout it was saved with) -> HF LlamaForCausalLM folder (safetensors + config.json)
+    python scripts/convert_checkpoint.py to-hf outputs/run/checkpoint/step-1000 hf_out --dtype bfloat16
+    # HF folder -> DCP model-only checkpoint (use as checkpoint.initial_load_path)
+    python scripts/convert_checkpoint.py from-hf /models/Llama-3.1-8B dcp_out
+    # DCP -> one file for plain torch: torch.load("model.pt", weights_only=True)
+    python scripts/convert_checkpoint.py to-torch outputs/run/checkpoint/step-1000 model.pt
+
+to-hf needs the model's hyperparameters: it reads the run's resolved config (<run>/config.toml, found two folders
+above the checkpoint; or --config). from-hf reads them from the HF config.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+import torch
+
+from dtrain.checkpoint import dcp_io
+from dtrain.checkpoint.folders import CommitRecord, commit
+from dtrain.checkpoint.hf_io import HF_ADAPTERS, build_adapter, iter_hf_weights, read_hf_config, save_hf
+from dtrain.errors import DtrainError
+from dtrain.models import get_model_family
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def run_config_args(checkpoint: Path, config: Path | None):
+    """(family name, model args) of the run that wrote `checkpoint`, from its resolved config.toml."""
+    from dtrain.checks import model_args
+    from dtrain.config import load_config
+    from dtrain.data import build_tokenizer
+
+    config = config or checkpoint.resolve().parent.parent / "config.toml"
+    if not config.is_file():
+        raise DtrainError(f"{config} not found; pass --config with the run's config.toml")
+    cfg = load_config(["--config", str(config)])
+    family = get_model_family(cfg.model.name)
+    return cfg.model.name, model_args(cfg, family, build_tokenizer(cfg.model).vocab_size)
+
+
+def expected_shapes(family_name: str, args) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):
+        model = get_model_family(family_name).model_cls(args)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def to_hf(opts) -> None:
+    family, args = run_config_args(opts.checkpoint, opts.config)
+    weights = dcp_io.read_full_weights(opts.checkpoint)
+    expected = expected_shapes(family, args)
+    if {k: tuple(v.shape) for k, v in weights.items()} != expected:
+        raise DtrainError(f"{opts.checkpoint} does not hold the weights of the model its config describes")
+    files = save_hf(weights, opts.out, build_adapter(family, args), DTYPES[opts.dtype], int(opts.max_shard_gb * 2**30))
+    print(f"wrote {len(files)} files to {opts.out}")
+
+
+def from_hf(opts) -> None:
+    config = read_hf_config(opts.hf_dir)
+    if config is None:
+        raise DtrainError(f"{opts.hf_dir} has no config.json (needed for the model's shape)")
+    adapter_cls = HF_ADAPTERS[opts.family]
+    args = adapter_cls.args_from_hf_config(config)
+    adapter = adapter_cls(args)
+    names = list(expected_shapes(opts.family, args))
+    weights = {fqn: t.to(DTYPES[opts.dtype]) for fqn, t in iter_hf_weights(opts.hf_dir, adapter, names)}
+    partial = opts.out.with_name(opts.out.name + ".partial")
+    dcp_io.save(weights, partial)
+    record = CommitRecord(
+        step=0, kind="model_only", dtype=opts.dtype,
+        saved_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        torch_version=torch.__version__,
+    )
+    commit(partial, opts.out, record)
+    print(f"wrote a model-only DCP checkpoint ({len(weights)} tensors) to {opts.out}")
+
+
+def to_torch(opts) -> None:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(opts.checkpoint, opts.out)
+    print(f"wrote {opts.out}; read it with torch.load(path, weights_only=True)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    hf = commands.add_parser("to-hf", help="DCP checkpoint -> Hugging Face safetensors folder")
+    hf.add_argument("checkpoint", type=Path)
+    hf.add_argument("out", type=Path)
+    hf.add_argument("--config", type=Path, default=None, help="the run's config.toml (default: <run>/config.toml)")
+    hf.add_argument("--dtype", choices=DTYPES, default="bfloat16")
+    hf.add_argument("--max-shard-gb", type=float, default=5.0)
+    back = commands.add_parser("from-hf", help="Hugging Face safetensors folder -> DCP model-only checkpoint")
+    back.add_argument("hf_dir", type=Path)
+    back.add_argument("out", type=Path)
+    back.add_argument("--family", choices=sorted(HF_ADAPTERS), default="llama3")
+    back.add_argument("--dtype", choices=DTYPES, default="float32")
+    plain = commands.add_parser("to-torch", help="DCP checkpoint -> one torch.save file")
+    plain.add_argument("checkpoint", type=Path)
+    plain.add_argument("out", type=Path)
+    opts = parser.parse_args(argv)
+    try:
+        {"to-hf": to_hf, "from-hf": from_hf, "to-torch": to_torch}[opts.command](opts)
+    except DtrainError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

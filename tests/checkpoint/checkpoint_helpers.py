@@ -1,0 +1,79 @@
+"""A tiny Llama 3 TrainState on synthetic data, and a training loop that saves as the trainer's does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from dtrain.checkpoint import CheckpointManager
+from dtrain.config.schema import JobConfig
+from dtrain.data import build_dataloader, build_tokenizer
+from dtrain.lr_schedule import build_lr_scheduler
+from dtrain.models.llama3 import Llama3Args, RopeScaling, Transformer
+from dtrain.optim import build_optimizers
+from dtrain.rng import seed_everything
+from dtrain.state import TrainState
+from dtrain.step import cross_entropy_sum, train_step
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+TINY_ARGS = Llama3Args(
+    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=320, multiple_of=32, ffn_dim_multiplier=None,
+    max_seq_len=32, rope_scaling=RopeScaling(),
+)
+
+
+def make_cfg(run_dir: Path, steps: int = 6, **checkpoint) -> JobConfig:
+    """A config for TINY_ARGS on synthetic data, checkpointing enabled every 2 steps unless overridden."""
+    cfg = JobConfig()
+    cfg.job.dump_folder = str(run_dir)
+    cfg.model.tokenizer = "byte"
+    cfg.training.dataset = "synthetic"
+    cfg.training.seq_len = 16
+    cfg.training.local_batch_size = 2
+    cfg.training.steps = steps
+    cfg.lr_scheduler.warmup_steps = 2
+    cfg.optimizer.lr = 1e-2
+    cfg.checkpoint.enable = True
+    cfg.checkpoint.interval = 2
+    for key, value in checkpoint.items():
+        setattr(cfg.checkpoint, key, value)
+    return cfg
+
+
+def tiny_state(cfg: JobConfig, model: torch.nn.Module | None = None, dp_rank: int = 0, dp_size: int = 1,
+               **layout) -> TrainState:
+    """The TrainState the trainer would build for TINY_ARGS (a given, e.g. sharded, model replaces the default;
+    `layout` sets TrainState's layout fields, e.g. reduce_over_dp)."""
+    if model is None:
+        seed_everything(cfg.debug.seed, "init")
+        model = Transformer(TINY_ARGS)
+    optimizer = build_optimizers([model], cfg.optimizer, torch.device("cpu"))
+    return TrainState(
+        model_parts=[model],
+        optimizer=optimizer,
+        lr_scheduler=build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler),
+        dataloader=build_dataloader(cfg, build_tokenizer(cfg.model), dp_rank, dp_size),
+        seed=cfg.debug.seed,
+        max_norm=cfg.training.max_norm,
+        dp_size=dp_size,
+        **{"loss_fn": cross_entropy_sum, **layout},
+    )
+
+
+def manager_for(cfg: JobConfig, state: TrainState, rank: int = 0, world_size: int = 1) -> CheckpointManager:
+    return CheckpointManager(cfg, cfg.job.dump_folder, rank, world_size, state, model_args=TINY_ARGS)
+
+
+def train(state: TrainState, manager: CheckpointManager | None, until: int, cfg: JobConfig) -> list[float]:
+    """Step to `until` as the trainer's loop does (save after each step); the losses of the steps run."""
+    losses = []
+    while state.step < until:
+        metrics = train_step(state, [next(state.dataloader)])
+        loss = metrics["loss"]
+        losses.append((loss.full_tensor() if isinstance(loss, DTensor) else loss).item())
+        if manager is not None:
+            manager.maybe_save(state.step, last=state.step == cfg.training.steps)
+    return losses

@@ -1,0 +1,74 @@
+"""Through ./run_train.sh with several processes: a checkpoint saved under one layout resumes under another
+(world size, FSDP2/TP degrees), and the losses continue within 1e-5 of the run that never stopped."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from e2e_checkpoint_helpers import CHECKPOINTED, read_metrics, resumed_step, run_train
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+GLOBAL_BATCH = 4
+SAVED = 4
+LAYOUTS = {
+    "fsdp2": ("2", {"data_parallel_shard_degree": 2}),
+    "fsdp2x2_tp2": ("4", {"data_parallel_shard_degree": 2, "tensor_parallel_degree": 2}),
+    "fsdp2x4": ("4", {"data_parallel_shard_degree": 4}),
+    "tp2": ("2", {"data_parallel_shard_degree": 1, "tensor_parallel_degree": 2}),
+    "single": ("1", {}),
+}
+
+
+def train_layout(name: str, run_dir, timeout: int = 600):
+    """TINY training with checkpoints under the layout `name`, same global batch (so the same losses) in every one."""
+    nproc, degrees = LAYOUTS[name]
+    dp = degrees.get("data_parallel_shard_degree", 1)
+    # float32 compute under FSDP too (its default gathers parameters in bfloat16), for a 1e-5 comparison.
+    args = [*CHECKPOINTED, "--training.mixed_precision_param", "float32", "--job.dump_folder", str(run_dir),
+            "--training.global_batch_size", str(GLOBAL_BATCH), "--training.local_batch_size", str(GLOBAL_BATCH // dp)]
+    for key, value in degrees.items():
+        args += [f"--parallelism.{key}", str(value)]
+    result = run_train(*args, timeout=timeout, NPROC=nproc)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return result.stdout + result.stderr
+
+
+def resume_under(name: str, saved_run, tmp_path) -> dict[int, float]:
+    """Copy step-SAVED of `saved_run` into a fresh run directory and rerun there under layout `name` (rule 1)."""
+    run_dir = tmp_path / f"resumed_{name}"
+    shutil.copytree(saved_run / "checkpoint" / f"step-{SAVED}", run_dir / "checkpoint" / f"step-{SAVED}")
+    log = train_layout(name, run_dir)
+    assert resumed_step(log) == SAVED and "DCP reshards" in log
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir)}
+
+
+def assert_continues(resumed: dict[int, float], uninterrupted: dict[int, float]) -> None:
+    assert sorted(resumed) == list(range(SAVED + 1, 9))
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(uninterrupted[step], rel=1e-5), step
+
+
+@pytest.fixture(scope="module")
+def fsdp2_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("fsdp2")
+    train_layout("fsdp2", run_dir)
+    return run_dir, {r["step"]: r["loss"] for r in read_metrics(run_dir)}
+
+
+def test_fsdp2_checkpoint_resumes_in_one_process(fsdp2_run, tmp_path):
+    run_dir, losses = fsdp2_run
+    assert_continues(resume_under("single", run_dir, tmp_path), losses)
+
+
+def test_fsdp2_checkpoint_resumes_under_tp(fsdp2_run, tmp_path):
+    run_dir, losses = fsdp2_run
+    assert_continues(resume_under("tp2", run_dir, tmp_path), losses)
+
+
+def test_fsdp2_tp_checkpoint_resumes_under_fsdp2_over_four_ranks(tmp_path):
+    run_dir = tmp_path / "fsdp2x2_tp2"
+    train_layout("fsdp2x2_tp2", run_dir)
+    losses = {r["step"]: r["loss"] for r in read_metrics(run_dir)}
+    assert_continues(resume_under("fsdp2x4", run_dir, tmp_path), losses)

@@ -1,0 +1,198 @@
+"""The start-up rule's other branches and every error it reports: one line, naming the path and the way out."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from checkpoint_helpers import make_cfg, manager_for, tiny_state, train
+
+from dtrain.checkpoint import dcp_io
+from dtrain.errors import DtrainError
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A run directory with full checkpoints at steps 2 and 4 (no final save), and its config."""
+    cfg = make_cfg(tmp_path / "saved", steps=10)
+    state = tiny_state(cfg)
+    manager = manager_for(cfg, state)
+    train(state, manager, 4, cfg)
+    manager.close()
+    return cfg, state
+
+
+def restore(cfg):
+    state = tiny_state(cfg)
+    return manager_for(cfg, state).restore_at_startup(), state
+
+
+def one_line(err) -> str:
+    text = str(err.value)
+    assert "\n" not in text
+    return text
+
+
+def test_damaged_newest_is_an_error_unless_falling_back(saved, caplog):
+    cfg, _ = saved
+    newest = cfg_folder(cfg) / "step-4"
+    data = next(p for p in newest.iterdir() if p.suffix == ".distcp")
+    data.write_bytes(data.read_bytes()[:100])
+    with pytest.raises(DtrainError) as err:
+        restore(cfg)
+    assert f"checkpoint {newest} is damaged" in one_line(err) and "fallback_to_previous = true" in one_line(err)
+    cfg.checkpoint.fallback_to_previous = True
+    with caplog.at_level(logging.WARNING, logger="dtrain"):
+        startup, _ = restore(cfg)
+    assert startup.step == 2 and "step-4 is damaged" in caplog.text
+
+
+def test_unreadable_data_of_the_right_size_fails_loading_and_can_fall_back(saved):
+    cfg, _ = saved
+    data = next(p for p in (cfg_folder(cfg) / "step-4").iterdir() if p.suffix == ".distcp")
+    data.write_bytes(bytes(data.stat().st_size))
+    with pytest.raises(DtrainError) as err:
+        restore(cfg)
+    assert "cannot load checkpoint" in one_line(err) and "step-4" in one_line(err)
+    cfg.checkpoint.fallback_to_previous = True
+    startup, state = restore(cfg)
+    assert startup.step == 2 and state.step == 2
+    data = next(p for p in (cfg_folder(cfg) / "step-2").iterdir() if p.suffix == ".distcp")
+    data.write_bytes(bytes(data.stat().st_size))
+    with pytest.raises(DtrainError) as err:  # nothing intact left: an error, not a fresh start
+        restore(cfg)
+    assert "could be loaded (tried step-2, step-4)" in one_line(err)
+
+
+def test_incomplete_folders_are_reported_and_never_resumed(saved, caplog):
+    cfg, _ = saved
+    (cfg_folder(cfg) / "step-6.partial").mkdir()
+    (cfg_folder(cfg) / "step-8").mkdir()
+    with caplog.at_level(logging.WARNING, logger="dtrain"):
+        startup, _ = restore(cfg)
+    assert startup.step == 4
+    assert "without a commit record" in caplog.text and "step-6.partial, step-8" in caplog.text
+
+
+def test_load_step_picks_a_step_and_names_the_available_ones(saved):
+    cfg, _ = saved
+    cfg.checkpoint.load_step = 2
+    assert restore(cfg)[0].step == 2
+    cfg.checkpoint.load_step = 3
+    with pytest.raises(DtrainError) as err:
+        restore(cfg)
+    assert "checkpoint.load_step = 3" in one_line(err) and "complete steps: 2, 4" in one_line(err)
+
+
+def test_seed_must_match(saved):
+    cfg, _ = saved
+    cfg.debug.seed = 5
+    with pytest.raises(DtrainError) as err:
+        restore(cfg)
+    assert "debug.seed = 0, this run has debug.seed = 5; set --debug.seed 0" in one_line(err)
+
+
+def test_data_position_refuses_a_new_global_batch_but_not_a_new_dp_size(saved, caplog):
+    cfg, _ = saved
+    cfg.training.local_batch_size = 4
+    with pytest.raises(DtrainError) as err:
+        restore(cfg)
+    assert "global_batch 2 -> 4" in one_line(err) and 'exclude_from_loading = ["dataloader"]' in one_line(err)
+    cfg.training.local_batch_size = 1
+    cfg.training.global_batch_size = 2  # same global batch over 2 dp ranks of 1 sequence each
+    state = tiny_state(cfg, dp_rank=1, dp_size=2)
+    with caplog.at_level(logging.INFO, logger="dtrain"):
+        manager_for(cfg, state).restore_at_startup()
+    assert "carries over from 1 to 2 data-parallel" in caplog.text
+    assert state.dataloader.sequences_consumed == 4 * 2
+
+
+def test_excluded_parts_start_fresh(saved):
+    cfg, trained = saved
+    cfg.checkpoint.exclude_from_loading = ["optimizer", "dataloader"]
+    startup, state = restore(cfg)
+    assert startup.step == 4 and state.step == 4
+    assert not state.optimizer.state and state.dataloader.sequences_consumed == 0
+    assert state.optimizer.param_groups[0]["lr"] == state.lr_scheduler.get_last_lr()[0]
+    assert state.lr_scheduler.last_epoch == 4
+    assert torch.equal(state.model_parts[0].norm.weight, trained.model_parts[0].norm.weight)
+
+
+def test_nothing_to_restore_starts_from_scratch_unless_a_checkpoint_is_required(tmp_path):
+    cfg = make_cfg(tmp_path / "empty")
+    assert restore(cfg)[0].rule == "scratch"
+    cfg.checkpoint.require_checkpoint = True
+    with pytest.raises(DtrainError) as err:
+        restore(cfg)
+    assert "require_checkpoint is set" in one_line(err)
+
+
+def test_disabled_checkpointing_does_not_resume_and_says_so(saved, caplog):
+    cfg, _ = saved
+    cfg.checkpoint.enable = False
+    with caplog.at_level(logging.WARNING, logger="dtrain"):
+        assert restore(cfg)[0].rule == "scratch"
+    assert "checkpoint.enable is false: not resuming" in caplog.text
+
+
+def test_initial_load_takes_weights_by_default_and_the_full_state_on_request(saved, tmp_path):
+    source_cfg, trained = saved
+    cfg = make_cfg(tmp_path / "new", initial_load_path=str(cfg_folder(source_cfg)))  # a run's folder: its newest
+    startup, state = restore(cfg)
+    assert (startup.rule, startup.step, startup.model_only) == ("initial_load", 0, True)
+    assert startup.path.name == "step-4" and not state.optimizer.state
+    assert torch.equal(state.model_parts[0].output.weight, trained.model_parts[0].output.weight)
+    cfg.checkpoint.initial_load_model_only = False
+    startup, state = restore(cfg)
+    assert (startup.rule, startup.step, state.dataloader.sequences_consumed) == ("initial_load", 4, 8)
+
+
+def make_source(path, kind):
+    """An unusable initial_load_path of the given kind."""
+    if kind == "file":
+        path.write_text("x")
+    elif kind != "missing":
+        path.mkdir()
+    if kind == "other files":
+        (path / "notes.txt").write_text("x")
+    if kind == "torn metadata":
+        (path / ".metadata").write_bytes(b"junk")
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("missing", "does not exist"),
+        ("empty", "is an empty folder"),
+        ("file", "is a file; expected a DCP checkpoint folder"),
+        ("other files", "neither a DCP checkpoint"),
+        ("torn metadata", "cannot be read"),
+    ],
+)
+def test_unusable_initial_load_path_is_an_error(tmp_path, kind, message):
+    path = make_source(tmp_path / "source", kind)
+    cfg = make_cfg(tmp_path / "new", initial_load_path=str(path))
+    with pytest.raises(DtrainError) as err:
+        restore(cfg)
+    assert f"checkpoint.initial_load_path {path}" in one_line(err) and message in one_line(err)
+
+
+def test_full_state_needs_a_dtrain_checkpoint(tmp_path):
+    foreign = tmp_path / "foreign"
+    dcp_io.save({"w": torch.zeros(3)}, foreign)
+    cfg = make_cfg(tmp_path / "new", initial_load_path=str(foreign), initial_load_model_only=False)
+    with pytest.raises(DtrainError) as err:
+        restore(cfg)
+    assert "not a dtrain checkpoint" in one_line(err) and "initial_load_model_only = true" in one_line(err)
+    cfg.checkpoint.initial_load_model_only = True
+    with pytest.raises(DtrainError) as err:
+        restore(cfg)
+    assert "does not hold weight" in one_line(err)
+
+
+def cfg_folder(cfg):
+    from pathlib import Path
+
+    return Path(cfg.job.dump_folder) / cfg.checkpoint.folder
