@@ -1,5 +1,5 @@
 """Through ./run_train.sh with several processes: a checkpoint saved under one layout resumes under another
-(world size, FSDP2/TP degrees), and the losses continue within 1e-5 of the run that never stopped."""
+(world size, FSDP2/TP/PP degrees), and the losses continue within 1e-5 of the run that never stopped."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ LAYOUTS = {
     "fsdp2x2_tp2": ("4", {"data_parallel_shard_degree": 2, "tensor_parallel_degree": 2}),
     "fsdp2x4": ("4", {"data_parallel_shard_degree": 4}),
     "tp2": ("2", {"data_parallel_shard_degree": 1, "tensor_parallel_degree": 2}),
+    # Two ranks in a V: four stages, and the 4 sequences of a step are its 4 pipeline microbatches.
+    "pp2_zbv": ("2", {"data_parallel_shard_degree": 1, "pipeline_parallel_degree": 2,
+                      "pipeline_parallel_schedule": "ZBVZeroBubble"}),
     "single": ("1", {}),
 }
 
@@ -35,12 +38,12 @@ def train_layout(name: str, run_dir, timeout: int = 600):
     return result.stdout + result.stderr
 
 
-def resume_under(name: str, saved_run, tmp_path) -> dict[int, float]:
+def resume_under(name: str, saved_run, tmp_path, reshards: bool = True) -> dict[int, float]:
     """Copy step-SAVED of `saved_run` into a fresh run directory and rerun there under layout `name` (rule 1)."""
     run_dir = tmp_path / f"resumed_{name}"
     shutil.copytree(saved_run / "checkpoint" / f"step-{SAVED}", run_dir / "checkpoint" / f"step-{SAVED}")
     log = train_layout(name, run_dir)
-    assert resumed_step(log) == SAVED and "DCP reshards" in log
+    assert resumed_step(log) == SAVED and ("DCP reshards" in log) == reshards
     return {r["step"]: r["loss"] for r in read_metrics(run_dir)}
 
 
@@ -72,3 +75,11 @@ def test_fsdp2_tp_checkpoint_resumes_under_fsdp2_over_four_ranks(tmp_path):
     train_layout("fsdp2x2_tp2", run_dir)
     losses = {r["step"]: r["loss"] for r in read_metrics(run_dir)}
     assert_continues(resume_under("fsdp2x4", run_dir, tmp_path), losses)
+
+
+def test_pipeline_checkpoint_resumes_under_pipeline_and_under_fsdp2(tmp_path):
+    run_dir = tmp_path / "pp2_zbv"
+    train_layout("pp2_zbv", run_dir)
+    losses = {r["step"]: r["loss"] for r in read_metrics(run_dir)}
+    assert_continues(resume_under("pp2_zbv", run_dir, tmp_path, reshards=False), losses)
+    assert_continues(resume_under("fsdp2", run_dir, tmp_path), losses)
