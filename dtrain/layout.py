@@ -25,11 +25,13 @@ from dtrain.parallelize import (
     ParallelismError,
     ParallelizeOptions,
     build_mesh,
+    format_tp_plan,
     init_weights_like_single_device,
     init_weights_sharded,
     local_loss,
     loss_parallel_context,
     memory_footprint,
+    llama3_tp_plan,
     parallelize_llama,
 )
 from dtrain.parallelize.pipeline_bubble import format_bubbles
@@ -40,8 +42,9 @@ from dtrain.rng import derive_seed
 
 logger = logging.getLogger("dtrain")
 
-# Each model family's parallelize function (its TP plan and application order live in parallelize/).
+# Each model family's parallelize function and TP plan (both live in parallelize/; the plan is logged).
 PARALLELIZE_FNS = {"llama3": parallelize_llama}
+TP_PLANS = {"llama3": llama3_tp_plan}
 
 
 def parallel_dims(cfg: JobConfig, world_size: int) -> ParallelDims:
@@ -201,6 +204,12 @@ class Layout:
         )
 
     def log_plan(self) -> None:
+        """The tensor-parallel plan and the pipeline split, so that a run's log says how the model is laid out."""
+        if self.dims.tp_enabled:
+            plan = TP_PLANS[self.model_name](
+                sequence_parallel=self.dims.sequence_parallel_enabled, loss_parallel=self.dims.loss_parallel_enabled
+            )
+            logger.info("tensor-parallel plan:\n%s", format_tp_plan(plan))
         if self.plan is not None:
             logger.info(self.plan.describe())
             logger.info(format_bubbles(self.plan))

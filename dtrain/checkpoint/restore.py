@@ -275,9 +275,6 @@ def load_full_state(ctx: RunContext, path: Path, record: CommitRecord) -> None:
         # Reading the optimizer's state dict made DCP initialise it with one zero-gradient step; a fresh optimizer
         # has no state at all, so drop it (Adam's bias correction counts from its first real step).
         state.optimizer.state.clear()
-    # The optimizer applies param_groups' lr; make it the schedule's current value whichever parts were loaded.
-    for group, lr in zip(state.optimizer.param_groups, state.lr_scheduler.get_last_lr()):
-        group["lr"] = lr
     if exclude:
         logger.info(f"checkpoint: not loaded (checkpoint.exclude_from_loading): {', '.join(sorted(exclude))}")
 

@@ -35,6 +35,8 @@ def test_two_processes_match_one(tmp_path, single_process_losses, layout, expect
     log = result.stdout + result.stderr
     assert f"2 processes ({expected_in_log}" in log
     assert "memory on this rank: params" in log
+    if expected_in_log == "TP+SP":
+        assert "tensor-parallel plan:" in log and "layers.*.attention.wq" in log
     losses = [r["loss"] for r in read_metrics(run_dir)]
     assert losses == pytest.approx(single_process_losses, rel=1e-5)
 
