@@ -39,7 +39,8 @@ def run(argv: list[str]) -> int:
     from dtrain.metrics import setup_logging
     from dtrain.train import train
 
-    setup_logging(int(os.environ.get("RANK", "0")))
+    # LOG_RANK names a local rank, as run_train.sh's torchrun output filter does: one logging rank per node.
+    setup_logging(int(os.environ.get("LOCAL_RANK", "0")))
     train(cfg, prepared)
     return 0
 

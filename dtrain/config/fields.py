@@ -41,7 +41,7 @@ class FieldSpec:
     @property
     def type_name(self) -> str:
         """A short human name of the type, as `--help` and the docs show it."""
-        base = "list[str]" if self.kind == "list" else self.kind
+        base = {"list": "list[str]", "nested_list": "list[list[str]]"}.get(self.kind, self.kind)
         return f"{base} | none" if self.optional else base
 
 
@@ -57,9 +57,11 @@ def _kind_of(annotation: Any, where: str) -> tuple[str, bool]:
         annotation = args[0]
         origin = typing.get_origin(annotation)
     if origin is list:
-        if typing.get_args(annotation) != (str,):
-            raise TypeError(f"config field {where}: only list[str] lists are supported, got {annotation}")
-        return "list", optional
+        if typing.get_args(annotation) == (str,):
+            return "list", optional
+        if typing.get_args(annotation) == (list[str],):
+            return "nested_list", optional
+        raise TypeError(f"config field {where}: only list[str] and list[list[str]] are supported, got {annotation}")
     simple = {bool: "bool", int: "int", float: "float", str: "str"}
     if annotation not in simple:
         raise TypeError(f"config field {where}: unsupported type {annotation}")

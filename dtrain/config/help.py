@@ -35,7 +35,7 @@ def cli_literal(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):
-        return shlex.quote(",".join(value))
+        return shlex.quote(",".join(" ".join(item) if isinstance(item, list) else item for item in value))
     return shlex.quote(str(value))
 
 
@@ -43,7 +43,7 @@ def _flag_line(spec: FieldSpec, value: Any) -> str:
     if spec.kind == "bool":
         usage = f"--{spec.key} | --{spec.section}.no_{spec.name}" + (f" | --{spec.key} none" if spec.optional else "")
     else:
-        base = "LIST" if spec.kind == "list" else spec.kind.upper()
+        base = {"list": "LIST", "nested_list": "LISTS"}.get(spec.kind, spec.kind.upper())
         metavar = "{" + ",".join(str(c) for c in spec.choices) + "}" if spec.choices else base
         usage = f"--{spec.key} {metavar}" + ("|none" if spec.optional else "")
     facts = [f"default: {cli_literal(value)}"]

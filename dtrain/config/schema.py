@@ -125,10 +125,11 @@ class Parallelism:
         "stage per rank, two for multi-stage schedules.",
         minimum=1,
     )
-    module_fqns_per_model_part: list[str] = opt(
+    module_fqns_per_model_part: list[list[str]] = opt(
         [],
-        "Explicit pipeline split: one entry per stage holding its module names separated by spaces, e.g. "
-        "'tok_embeddings layers.0,layers.1 norm output'. Empty = split evenly.",
+        "Explicit pipeline split, the module names of each stage: [[\"tok_embeddings\", \"layers.0\"], "
+        "[\"layers.1\", \"norm\", \"output\"]]; on the command line 'tok_embeddings layers.0,layers.1 norm output'. "
+        "Empty = split evenly.",
     )
     context_parallel_degree: int = opt(1, "Context (sequence) parallel degree.", minimum=1)
     expert_parallel_degree: int = opt(1, "Expert parallel degree (MoE models).", minimum=1)

@@ -23,6 +23,7 @@ EXPECTS = {
     "float": "a number",
     "str": "a string",
     "list": "a list of strings",
+    "nested_list": "a list of lists of strings (or of space-separated strings)",
 }
 # Python's int() also accepts spaces and underscores; a config integer is plain decimal digits with a sign.
 _INT_TEXT = re.compile(r"[+-]?\d+")
@@ -79,6 +80,9 @@ def parse_cli_value(spec: FieldSpec, text: str) -> Any:
     elif spec.kind == "list":
         # Comma-separated; an empty string is the empty list (`--checkpoint.exclude_from_loading ""`).
         value = [item.strip() for item in text.split(",") if item.strip()]
+    elif spec.kind == "nested_list":
+        # Commas separate the inner lists, spaces their items: `--x "a b,c d"` is [["a", "b"], ["c", "d"]].
+        value = [item.split() for item in text.split(",") if item.strip()]
     else:
         value = text
     return check_constraints(spec, value)
@@ -105,6 +109,13 @@ def coerce_value(spec: FieldSpec, value: Any, source: str | None = None) -> Any:
     elif kind == "list":
         ok = isinstance(value, list) and all(isinstance(item, str) for item in value)
         value = list(value) if ok else value
+    elif kind == "nested_list":
+        # Each inner list as a TOML list of strings (torchtitan's form) or as one space-separated string.
+        ok = isinstance(value, list) and all(
+            isinstance(item, str) or (isinstance(item, list) and all(isinstance(s, str) for s in item))
+            for item in value
+        )
+        value = [item.split() if isinstance(item, str) else list(item) for item in value] if ok else value
     else:
         ok = isinstance(value, str)
         if not ok and isinstance(value, (int, float)) and not isinstance(value, bool):

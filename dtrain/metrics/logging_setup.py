@@ -2,6 +2,8 @@
 
 With many ranks, identical lines from each would drown the output, so one rank logs at INFO and the others only
 report warnings and errors. ``LOG_RANK`` picks the logging rank (default 0); ``LOG_RANK=all`` lets every rank log.
+The trainer passes the local rank (the rank within a node), so each node has its logging process, matching the
+output filter run_train.sh gives torchrun.
 Each line carries its rank, so interleaved output from several ranks stays readable.
 """
 
