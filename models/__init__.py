@@ -1,4 +1,4 @@
-"""Single-device model families in plain PyTorch, installed as dtrain.models; nothing here imports torch.distributed.
+"""Single-device model families in plain PyTorch, installed as dtrain.models; nothing here imports the distributed package.
 
 The trainer picks a family by name and a flavor of it, then builds the model without allocating memory::
 

@@ -232,3 +232,25 @@ def assert_matches_single_process(report: dict, layout: Layout, loss_rtol: float
     assert max_relative_diff(result["grad_norms"], reference["grad_norms"]) <= 10 * loss_rtol
     assert result["losses"][-1] < result["losses"][0]
     assert result["param_names"] == reference["param_names"]
+
+
+def parity_tests(world_size: int, layouts: list[Layout]):
+    """What every parity test module has: one world of `world_size` ranks that runs all `layouts` (a module
+    fixture, so the spawn is paid once), and a test per layout against the single-process run. Bind both names at
+    module level so that pytest finds them::
+
+        report, test_layout_matches_single_process = parity_tests(2, LAYOUTS)
+    """
+    import pytest
+
+    from dist_harness import run_world
+
+    @pytest.fixture(scope="module")
+    def report():
+        return run_world(world_size, run_layouts, layouts)
+
+    @pytest.mark.parametrize("layout", layouts, ids=lambda layout: layout.name)
+    def test_layout_matches_single_process(report, layout):
+        assert_matches_single_process(report, layout)
+
+    return report, test_layout_matches_single_process

@@ -2,8 +2,7 @@
 
 import pytest
 
-from dist_harness import run_world
-from parity_layouts import Layout, assert_matches_single_process, run_layouts
+from parity_layouts import Layout, parity_tests
 
 FSDP = dict(dp_shard=2)
 DDP = dict(dp_replicate=2, dp_shard=1)
@@ -23,14 +22,7 @@ LAYOUTS = [
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.fixture(scope="module")
-def report():
-    return run_world(2, run_layouts, LAYOUTS)
-
-
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
-def test_layout_matches_single_process(report, layout):
-    assert_matches_single_process(report, layout)
+report, test_layout_matches_single_process = parity_tests(2, LAYOUTS)
 
 
 def test_fsdp_holds_half_of_params_grads_and_optimizer_state(report):

@@ -2,8 +2,7 @@
 
 import pytest
 
-from dist_harness import run_world
-from parity_layouts import Layout, assert_matches_single_process, run_layouts
+from parity_layouts import Layout, parity_tests
 
 FSDP_TP = dict(dp_shard=2, tp=2)
 LAYOUTS = [
@@ -15,14 +14,7 @@ LAYOUTS = [
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.fixture(scope="module")
-def report():
-    return run_world(4, run_layouts, LAYOUTS)
-
-
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
-def test_layout_matches_single_process(report, layout):
-    assert_matches_single_process(report, layout)
+report, test_layout_matches_single_process = parity_tests(4, LAYOUTS)
 
 
 def test_parameters_are_2d_dtensors_at_a_quarter_of_the_memory(report):

@@ -3,8 +3,7 @@ model (2 replicas x TP 2), on 4 ranks: parity with one process."""
 
 import pytest
 
-from dist_harness import run_world
-from parity_layouts import Layout, assert_matches_single_process, run_layouts
+from parity_layouts import Layout, parity_tests
 
 HSDP = dict(dp_replicate=2, dp_shard=2)
 LAYOUTS = [
@@ -17,14 +16,7 @@ LAYOUTS = [
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.fixture(scope="module")
-def report():
-    return run_world(4, run_layouts, LAYOUTS)
-
-
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: layout.name)
-def test_layout_matches_single_process(report, layout):
-    assert_matches_single_process(report, layout)
+report, test_layout_matches_single_process = parity_tests(4, LAYOUTS)
 
 
 def test_hsdp_shards_within_replicas(report):
