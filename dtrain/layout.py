@@ -98,8 +98,8 @@ def pipeline_plan(cfg: JobConfig, dims: ParallelDims, model_args) -> PipelinePla
     )
 
 
-def check_layout(cfg: JobConfig, world_size: int, model_args) -> int:
-    """Refuse a layout that cannot run, before any process group exists; returns microbatches per step."""
+def check_layout(cfg: JobConfig, world_size: int, model_args) -> None:
+    """Refuse a layout that cannot run, before any process group exists."""
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dims = parallel_dims(cfg, world_size)
@@ -111,11 +111,10 @@ def check_layout(cfg: JobConfig, world_size: int, model_args) -> int:
             vocab_size=model_args.vocab_size,
             seq_len=cfg.training.seq_len,
         )
-        accumulation = dims.gradient_accumulation_steps(cfg.training.local_batch_size, cfg.training.global_batch_size)
+        dims.gradient_accumulation_steps(cfg.training.local_batch_size, cfg.training.global_batch_size)
         parallelize_options(cfg, device_type).validate(dims)
     except ParallelismError as err:
         raise ConfigError(str(err)) from None
-    return accumulation
 
 
 @dataclass
