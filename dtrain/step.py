@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dtrain.parallelize.torch_compat import clip_grads_with_norm_
 from dtrain.rng import seed_everything
 from dtrain.state import TrainState
 
@@ -21,7 +22,7 @@ def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> tor
     grads = [p.grad for p in parameters if p.grad is not None]
     total_norm = torch.nn.utils.get_total_norm(grads, foreach=True)
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=True)
+        clip_grads_with_norm_(parameters, max_norm, total_norm)
     return total_norm
 
 

@@ -23,7 +23,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import (
-    PipelineStage,
     Schedule1F1B,
     ScheduleDualPipeV,
     ScheduleGPipe,
@@ -37,6 +36,7 @@ from torch.distributed.tensor import DTensor
 from dtrain.parallelize.errors import ParallelismError
 from dtrain.parallelize.pipeline_plan import SINGLE_STAGE_SCHEDULES, PipelinePlan
 from dtrain.parallelize.pipeline_split import StageModule
+from dtrain.parallelize.torch_compat import PipelineStageWithoutSelfP2P, clip_grads_with_norm_
 
 SCHEDULE_CLASSES = {
     "GPipe": ScheduleGPipe,
@@ -92,8 +92,11 @@ class Pipeline:
         """
         self.loss.grad_scale = grad_scale
         losses: list[torch.Tensor] = []
-        args = (input_ids,) if self.has_first_stage else ()
-        target = labels if self.has_last_stage else None
+        # A stage checks each microbatch against the shapes and strides it inferred from a contiguous example
+        # (torch 2.11 compares strides too), so a batch that is a view, e.g. inputs cut from a window of
+        # seq_len + 1 tokens, is refused unless made contiguous. A no-op for the data loader's batches.
+        args = (input_ids.contiguous(),) if self.has_first_stage else ()
+        target = labels.contiguous() if self.has_last_stage else None
         self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
         if losses:
             loss_sum = torch.stack([loss.detach() for loss in losses]).sum() / grad_scale
@@ -136,7 +139,8 @@ def build_pipeline(
     if plan.split_backward:
         keep_parameters_gathered(stages)
     pipeline_stages = [
-        PipelineStage(stage.module, stage.index, plan.num_stages, device, group=pp_group) for stage in stages
+        PipelineStageWithoutSelfP2P(stage.module, stage.index, plan.num_stages, device, group=pp_group)
+        for stage in stages
     ]
     loss = ScaledLoss(loss_fn)
     # Single-stage schedules take the stage itself, multi-stage schedules the list of this rank's stages.
@@ -166,5 +170,5 @@ def clip_grad_norm_across_stages(
     dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=pp_group)
     total_norm = squared.sqrt()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total_norm, foreach=True)
+        clip_grads_with_norm_(parameters, max_norm, total_norm)
     return total_norm

@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from dtrain.errors import DtrainError
+from dtrain.parallelize.torch_compat import ASYNC_STAGER_IS_REUSABLE
 
 # Full checkpoints nest the weights under this key (TrainState.state_dict); model-only ones keep them at the top,
 # as torchtitan's model-only checkpoints do, so either project can start from the other's weights.
@@ -123,26 +124,31 @@ class AsyncSaver:
     Forward and backward only read the weights and optimizer state; the optimizer step is the first thing that
     changes them. So the copy may run during the next step's forward and backward, and the caller must wait for
     `staging` to complete before the optimizer steps (CheckpointManager does, with an optimizer pre-hook).
-    The host buffers are kept from one save to the next (pinned ones are slow to allocate), which is safe
-    because a save starts only after the previous one was written. Background saves talk over their own gloo
-    process group, so they never interleave with the training's collectives.
+    The host buffers are kept from one save to the next (pinned ones are slow to allocate) where torch's stager
+    allows it (torch_compat.ASYNC_STAGER_IS_REUSABLE), which is safe because a save starts only after the
+    previous one was written. Background saves talk over their own gloo process group, so they never interleave
+    with the training's collectives.
     """
 
     def __init__(self, pinned_memory: bool, process_group: dist.ProcessGroup | None):
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        from torch.distributed.checkpoint.staging import StagingOptions
 
         self._process_group = process_group
-        self._stager = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=pinned_memory,
-                use_shared_memory=False,
-                use_async_staging=True,
-                use_non_blocking_copy=pinned_memory,
-            )
+        self._options = StagingOptions(
+            use_pinned_memory=pinned_memory,
+            use_shared_memory=False,
+            use_async_staging=True,
+            use_non_blocking_copy=pinned_memory,
         )
+        self._stager = None
 
     def start(self, state_dict: dict[str, Any], path: Path) -> tuple[Future | None, Future]:
         """Start staging `state_dict` and writing it to `path`: (staging done, written) futures."""
+        from torch.distributed.checkpoint.staging import DefaultStager
+
+        if self._stager is None or not ASYNC_STAGER_IS_REUSABLE:
+            self.close()
+            self._stager = DefaultStager(self._options)
         response = dcp.async_save(
             state_dict,
             checkpoint_id=str(path),
@@ -154,4 +160,6 @@ class AsyncSaver:
         return staging, getattr(response, "upload_completion", response)
 
     def close(self) -> None:
-        self._stager.close()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None

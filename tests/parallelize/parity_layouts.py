@@ -76,9 +76,15 @@ class NoData:
         pass
 
 
+# Tokens come from a few ids spread over the whole vocabulary (so every TP rank's vocabulary shard sees some):
+# a model learns their frequencies within a few steps whatever its initialisation, so "the loss falls" is a
+# real check, not the luck of one torch version's random init.
+TOKEN_IDS = torch.arange(0, ARGS.vocab_size, ARGS.vocab_size // 16)
+
+
 def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(10_000 + step)
-    tokens = torch.randint(0, ARGS.vocab_size, (GLOBAL_BATCH, SEQ_LEN + 1), generator=generator)
+    tokens = TOKEN_IDS[torch.randint(0, len(TOKEN_IDS), (GLOBAL_BATCH, SEQ_LEN + 1), generator=generator)]
     labels = tokens[:, 1:].clone()
     labels[step % GLOBAL_BATCH, : 3 + step % 4] = IGNORE_INDEX  # uneven valid-token counts across ranks
     return tokens[:, :-1], labels
