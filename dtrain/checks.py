@@ -15,12 +15,13 @@ from dtrain.data import build_tokenizer
 from dtrain.distributed import world_size_from_env
 from dtrain.errors import ConfigError
 from dtrain.layout import check_layout
-from dtrain.models import ModelFamily, get_model_family
+from dtrain.models import ModelFamily
+from dtrain.parallelize import FamilySpec, get_family
 
 
 @dataclass(frozen=True)
 class Prepared:
-    family: ModelFamily
+    family: FamilySpec
     tokenizer: Any
     model_args: Any
 
@@ -43,11 +44,11 @@ def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int):
 
 def prepare(cfg: JobConfig) -> Prepared:
     try:
-        family = get_model_family(cfg.model.name)
+        family = get_family(cfg.model.name)
     except ValueError as err:
         raise ConfigError(f"model.name: {err}") from None
     tokenizer = build_tokenizer(cfg.model)
-    args = model_args(cfg, family, tokenizer.vocab_size)
-    check_layout(cfg, world_size_from_env(), args)
+    args = model_args(cfg, family.model, tokenizer.vocab_size)
+    check_layout(cfg, world_size_from_env(), family, args)
     check_checkpoint_config(cfg, world_size_from_env())
     return Prepared(family, tokenizer, args)

@@ -21,6 +21,7 @@ from dtrain.config.schema import JobConfig
 from dtrain.distributed import World
 from dtrain.errors import ConfigError
 from dtrain.parallelize import (
+    FamilySpec,
     ParallelDims,
     ParallelismError,
     ParallelizeOptions,
@@ -31,8 +32,6 @@ from dtrain.parallelize import (
     local_loss,
     loss_parallel_context,
     memory_footprint,
-    llama3_tp_plan,
-    parallelize_llama,
 )
 from dtrain.parallelize.pipeline_bubble import format_bubbles
 from dtrain.parallelize.pipeline_plan import PipelinePlan, plan_pipeline
@@ -41,10 +40,6 @@ from dtrain.parallelize.pipeline_split import StageModule, split_model
 from dtrain.rng import derive_seed
 
 logger = logging.getLogger("dtrain")
-
-# Each model family's parallelize function and TP plan (both live in parallelize/; the plan is logged).
-PARALLELIZE_FNS = {"llama3": parallelize_llama}
-TP_PLANS = {"llama3": llama3_tp_plan}
 
 
 def parallel_dims(cfg: JobConfig, world_size: int) -> ParallelDims:
@@ -79,7 +74,7 @@ def parallelize_options(cfg: JobConfig, device_type: str) -> ParallelizeOptions:
     )
 
 
-def pipeline_plan(cfg: JobConfig, dims: ParallelDims, model_args) -> PipelinePlan | None:
+def pipeline_plan(cfg: JobConfig, dims: ParallelDims, family: FamilySpec, model_args) -> PipelinePlan | None:
     """The stages and schedule of a pipeline-parallel run (None without PP); validates the pipeline keys."""
     if dims.pp == 1:
         return None
@@ -87,6 +82,7 @@ def pipeline_plan(cfg: JobConfig, dims: ParallelDims, model_args) -> PipelinePla
     return plan_pipeline(
         pp=dims.pp,
         schedule=p.pipeline_parallel_schedule,
+        decoder=family.model.model_cls.decoder_layout,
         n_layers=model_args.n_layers,
         local_batch_size=cfg.training.local_batch_size,
         microbatch_size=p.pipeline_parallel_microbatch_size,
@@ -98,19 +94,13 @@ def pipeline_plan(cfg: JobConfig, dims: ParallelDims, model_args) -> PipelinePla
     )
 
 
-def check_layout(cfg: JobConfig, world_size: int, model_args) -> None:
+def check_layout(cfg: JobConfig, world_size: int, family: FamilySpec, model_args) -> None:
     """Refuse a layout that cannot run, before any process group exists."""
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dims = parallel_dims(cfg, world_size)
-        pipeline_plan(cfg, dims, model_args)
-        dims.validate_model(
-            n_heads=model_args.n_heads,
-            n_kv_heads=model_args.n_kv_heads,
-            ffn_hidden_dim=model_args.ffn_hidden_dim,
-            vocab_size=model_args.vocab_size,
-            seq_len=cfg.training.seq_len,
-        )
+        pipeline_plan(cfg, dims, family, model_args)
+        family.check_shapes(dims, model_args, cfg.training.seq_len)
         dims.gradient_accumulation_steps(cfg.training.local_batch_size, cfg.training.global_batch_size)
         parallelize_options(cfg, device_type).validate(dims)
     except ParallelismError as err:
@@ -121,7 +111,7 @@ def check_layout(cfg: JobConfig, world_size: int, model_args) -> None:
 class Layout:
     """How this rank's model is laid out, and how the step reduces over the data-parallel ranks."""
 
-    model_name: str
+    family: FamilySpec
     dims: ParallelDims
     options: ParallelizeOptions
     mesh: object = None
@@ -147,7 +137,7 @@ class Layout:
         """
         # An unparallelized twin for the exact initialisation below; on the meta device it costs nothing.
         self._meta_reference = copy.deepcopy(model)
-        parallelize_fn = PARALLELIZE_FNS[self.model_name]
+        parallelize_fn = self.family.parallelize
         if self.plan is None:
             return [parallelize_fn(model, self.mesh, self.dims, self.options)]
         self._stages = split_model(model, self.plan, self.pp_rank)
@@ -205,7 +195,7 @@ class Layout:
     def log_plan(self) -> None:
         """The tensor-parallel plan and the pipeline split, so that a run's log says how the model is laid out."""
         if self.dims.tp_enabled:
-            plan = TP_PLANS[self.model_name](
+            plan = self.family.tp_plan(
                 sequence_parallel=self.dims.sequence_parallel_enabled, loss_parallel=self.dims.loss_parallel_enabled
             )
             logger.info("tensor-parallel plan:\n%s", format_tp_plan(plan))
@@ -218,22 +208,22 @@ class Layout:
         logger.info("memory on this rank: %s", sum(footprints[1:], footprints[0]).format())
 
 
-def build_layout(cfg: JobConfig, world: World, model_args) -> Layout:
+def build_layout(cfg: JobConfig, world: World, family: FamilySpec, model_args) -> Layout:
     """The layout of this world: mesh, data-parallel coordinates and reductions (after the process group)."""
     from dtrain.distributed import dp_rank_and_size, dp_summer
 
     dims = parallel_dims(cfg, world.world_size)
     options = parallelize_options(cfg, world.device.type)
     if not world.distributed:
-        return Layout(cfg.model.name, dims, options)
+        return Layout(family, dims, options)
     mesh = build_mesh(dims, world.device.type)
     dp_rank, dp_size = dp_rank_and_size(mesh)
     return Layout(
-        cfg.model.name,
+        family,
         dims,
         options,
         mesh=mesh,
-        plan=pipeline_plan(cfg, dims, model_args),
+        plan=pipeline_plan(cfg, dims, family, model_args),
         pp_rank=mesh["pp"].get_local_rank(),
         dp_rank=dp_rank,
         dp_size=dp_size,

@@ -84,9 +84,9 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
     """Run the configured training to completion, starting from what `checks.prepare` resolved."""
     family, tokenizer, args = prepared.family, prepared.tokenizer, prepared.model_args
     with init_world() as world:
-        layout = build_layout(cfg, world, args)
+        layout = build_layout(cfg, world, family, args)
         set_determinism(cfg.debug.deterministic)
-        state = build_train_state(cfg, world, layout, family, args, tokenizer)
+        state = build_train_state(cfg, world, layout, family.model, args, tokenizer)
         run_dir = write_run_files(cfg, world)
         checkpoints = CheckpointManager(cfg, run_dir, world.rank, world.world_size, state, model_args=args)
         if cfg.checkpoint.create_seed_checkpoint:
@@ -101,13 +101,13 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             cfg,
             rank=world.rank,
             world_size=world.world_size,
-            num_flops_per_token=family.flops_per_token(args, cfg.training.seq_len),
+            num_flops_per_token=family.model.flops_per_token(args, cfg.training.seq_len),
             device=world.device,
             dtype=layout.compute_dtype,
         )
         logger.info(
             "model %s %s: %.3fM parameters; %s; %d microbatch(es) of %d x %d per step on each of %d dp rank(s)",
-            cfg.model.name, cfg.model.flavor, whole_model_params(family, args) / 1e6, layout.describe(),
+            cfg.model.name, cfg.model.flavor, whole_model_params(family.model, args) / 1e6, layout.describe(),
             accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.dp_size,
         )
         layout.log_plan()

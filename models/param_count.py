@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from torch import nn
 
+from .decoder import decoder_layout
+
 
 def count_params(model: nn.Module, exclude_embedding: bool = False) -> int:
     """Number of parameters in ``model``, a tied weight counted once.
 
     A sharded (DTensor) parameter counts its global size. ``exclude_embedding`` leaves out the token embedding
-    table (``model.tok_embeddings``), except when it is tied to the output head: then it is also a matmul
-    weight and stays counted.
+    table (the decoder's embedding), except when it is tied to the head: then it is also a matmul weight and
+    stays counted.
     """
     total = sum(p.numel() for p in model.parameters())  # parameters() yields a shared tensor only once
-    embedding = getattr(model, "tok_embeddings", None)
-    if exclude_embedding and embedding is not None:
-        head = getattr(model, "output", None)
-        if head is None or head.weight is not embedding.weight:
-            total -= embedding.weight.numel()
+    if not exclude_embedding:
+        return total
+    decoder = decoder_layout(model)
+    embedding, head = decoder.part(model, decoder.embedding), decoder.part(model, decoder.head)
+    if embedding is not None:
+        head_params = {id(p) for p in head.parameters()} if head is not None else set()
+        total -= sum(p.numel() for p in embedding.parameters() if id(p) not in head_params)
     return total

@@ -2,14 +2,15 @@
 
 Typical use (the trainer's order):
 
+    spec = get_family("llama3")                                             # model family + its plan, by name
     dims = ParallelDims(world_size, dp_replicate, dp_shard, tp, ...)        # validates, before any process group
-    dims.validate_model(n_heads=..., n_kv_heads=..., ffn_hidden_dim=..., vocab_size=..., seq_len=...)
+    spec.check_shapes(dims, args, seq_len)                                   # TP divides heads, FFN, vocab, ...
     accumulation = dims.gradient_accumulation_steps(local_batch_size, global_batch_size)
     options = ParallelizeOptions(...); options.validate(dims)
     mesh = build_mesh(dims, device_type)                                    # after init_process_group
     with torch.device("meta"): model = Transformer(args)
     reference = copy.deepcopy(model)                                        # meta: free
-    parallelize_llama(model, mesh, dims, options)
+    spec.parallelize(model, mesh, dims, options)
     model.to_empty(device=device)
     init_weights_like_single_device(model, reference, seed)                 # or init_weights_sharded on CUDA
     loss_fn = local_loss(cross_entropy_sum)                                  # plain loss under loss parallel
@@ -26,6 +27,8 @@ from dtrain.parallelize.compile import (
 )
 from dtrain.parallelize.data_parallel import apply_ddp, apply_fsdp
 from dtrain.parallelize.errors import ParallelismError
+from dtrain.parallelize.families import FAMILIES, get_family
+from dtrain.parallelize.family_spec import FamilySpec
 from dtrain.parallelize.init import init_weights_like_single_device, init_weights_sharded, model_fqn
 from dtrain.parallelize.llama3 import llama3_tp_plan, parallelize_llama
 from dtrain.parallelize.memory import MemoryFootprint, memory_footprint
@@ -42,6 +45,8 @@ from dtrain.parallelize.tensor_parallel import (
 )
 
 __all__ = [
+    "FAMILIES",
+    "FamilySpec",
     "MESH_DIM_NAMES",
     "SAC_SAVE_OPS",
     "CompileReport",
@@ -61,6 +66,7 @@ __all__ = [
     "enable_async_tp",
     "format_tp_plan",
     "fsdp_mesh",
+    "get_family",
     "init_weights_like_single_device",
     "init_weights_sharded",
     "llama3_tp_plan",

@@ -1,8 +1,8 @@
 """Data parallelism for decoder models: FSDP2 / HSDP (``fully_shard``) or DDP (composable ``replicate``).
 
-A decoder here has the torchtitan shape: ``tok_embeddings``, ``layers`` (an nn.ModuleDict of blocks), ``norm``
-and ``output``. FSDP units, in the order their parameters are used: the embedding, each block, the head
-(``norm`` + ``output`` together), then the root. A unit's parameters are gathered for its forward and backward
+A decoder follows the protocol of ``dtrain.models.decoder``: embedding, blocks, final norm, head. FSDP units, in
+the order their parameters are used: the embedding, each block, the head (final norm + head together), then the
+root. A unit's parameters are gathered for its forward and backward
 and sharded otherwise, so peak parameter memory is one unit's full size plus every unit's shard.
 
 Gradients are averaged over the data-parallel ranks (FSDP's and DDP's default); the trainer scales its
@@ -17,6 +17,7 @@ from torch.distributed._composable.replicate import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from dtrain.models.decoder import decoder_layout
 from dtrain.parallelize.errors import ParallelismError
 
 RESHARD_MODES = ("default", "always", "never")
@@ -62,18 +63,21 @@ def apply_fsdp(
         # Pinned host memory speeds up host<->GPU copies; it needs an accelerator to exist at all.
         offload_policy=CPUOffloadPolicy(pin_memory=dp_mesh.device_type != "cpu") if cpu_offload else OffloadPolicy(),
     )
+    decoder = decoder_layout(model)
+    embedding, head_module = decoder.part(model, decoder.embedding), decoder.part(model, decoder.head)
     # A tied head shares its weight with the embedding: one parameter can belong to one unit only, so both
     # stay with the root unit.
-    tied = model.output is not None and model.tok_embeddings is not None and (
-        model.output.weight is model.tok_embeddings.weight
+    tied = embedding is not None and head_module is not None and bool(
+        {id(p) for p in embedding.parameters()} & {id(p) for p in head_module.parameters()}
     )
-    if model.tok_embeddings is not None and not tied:
-        fully_shard(model.tok_embeddings, reshard_after_forward=reshard_after_forward != "never", **settings)
-    names = list(model.layers.keys())
+    if embedding is not None and not tied:
+        fully_shard(embedding, reshard_after_forward=reshard_after_forward != "never", **settings)
+    blocks = decoder.blocks_of(model)
+    names = list(blocks.keys())
     for name in names:
         is_last = name == names[-1]
-        fully_shard(model.layers[name], reshard_after_forward=_block_reshards(reshard_after_forward, is_last), **settings)
-    head = [m for m in (model.norm, model.output) if m is not None]
+        fully_shard(blocks[name], reshard_after_forward=_block_reshards(reshard_after_forward, is_last), **settings)
+    head = [m for m in (decoder.part(model, decoder.final_norm), head_module) if m is not None]
     if head and not tied:
         fully_shard(head, reshard_after_forward=reshard_after_forward == "always", **settings)
     fully_shard(model, reshard_after_forward=reshard_after_forward == "always", **settings)

@@ -13,10 +13,12 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
+from dtrain.models.llama3 import LLAMA3, Llama3Args
 from dtrain.parallelize.activation_checkpoint import apply_ac
 from dtrain.parallelize.compile import apply_compile, start_compile_trace
 from dtrain.parallelize.data_parallel import apply_ddp, apply_fsdp, parse_dtype
 from dtrain.parallelize.errors import ParallelismError
+from dtrain.parallelize.family_spec import FamilySpec
 from dtrain.parallelize.mesh import ParallelMesh, fsdp_mesh
 from dtrain.parallelize.options import ParallelizeOptions
 from dtrain.parallelize.parallel_dims import ParallelDims
@@ -42,9 +44,11 @@ def llama3_tp_plan(*, sequence_parallel: bool = True, loss_parallel: bool = True
     seq = Shard(1)
     act = seq if sequence_parallel else Replicate()
     norm_style = SequenceParallel if sequence_parallel else ReplicateParallel
-    # With sequence parallel each region gathers the sequence once at its entry (the RoPE table, attention's
-    # second input, is not sharded). Without it, activations arrive replicated and need no preparation.
-    gather_attention_input = PrepareModuleInput(input_layouts=(seq, None), desired_input_layouts=(Replicate(), None))
+    # With sequence parallel each region gathers the sequence once at its entry (the RoPE table and the positions,
+    # attention's other inputs, are not sharded). Without it, activations arrive replicated and need no preparation.
+    gather_attention_input = PrepareModuleInput(
+        input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)
+    )
     gather_ffn_input = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
     return {
         "tok_embeddings": SyncOutputRowwiseParallel(input_layouts=Replicate(), output_layouts=act),
@@ -119,3 +123,16 @@ def parallelize_llama(
     elif dims.ddp_enabled:
         apply_ddp(model, mesh["dp_replicate"])
     return model
+
+
+def llama3_tp_sizes(args: Llama3Args) -> dict[str, int]:
+    """What tensor parallel splits: whole query and kv heads, FFN hidden units, vocabulary rows."""
+    return {
+        "model.n_heads": args.n_heads,
+        "model.n_kv_heads": args.n_kv_heads,
+        "the model's FFN hidden size": args.ffn_hidden_dim,
+        "the model's vocab size": args.vocab_size,
+    }
+
+
+LLAMA3_SPEC = FamilySpec(model=LLAMA3, parallelize=parallelize_llama, tp_plan=llama3_tp_plan, tp_sizes=llama3_tp_sizes)

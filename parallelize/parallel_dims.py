@@ -119,18 +119,13 @@ class ParallelDims:
     def loss_parallel_enabled(self) -> bool:
         return self.tp_enabled and self.loss_parallel
 
-    def validate_model(
-        self, *, n_heads: int, n_kv_heads: int, ffn_hidden_dim: int, vocab_size: int, seq_len: int
-    ) -> None:
-        """Check that TP can split the heads, KV heads, FFN hidden size and vocabulary (and the sequence under SP)."""
+    def check_tp_divides(self, sizes: dict[str, int], seq_len: int) -> None:
+        """Check that TP can split every one of a model's `sizes` ({what, by config key or description: size},
+        given by its family: heads, kv heads, FFN width, vocabulary, ...) and, under sequence parallel, the
+        sequence."""
         if not self.tp_enabled:
             return
-        sizes = {
-            "model.n_heads": n_heads,
-            "model.n_kv_heads": n_kv_heads,
-            "the model's FFN hidden size": ffn_hidden_dim,
-            "the model's vocab size": vocab_size,
-        }
+        sizes = dict(sizes)
         if self.sequence_parallel_enabled:
             sizes["training.seq_len"] = seq_len
         valid = _divisors(math.gcd(*sizes.values()))

@@ -1,11 +1,12 @@
 """Which pipeline stage holds which modules, and which rank runs which stage: checked before any process group.
 
-A decoder is cut into stages along its forward order ``tok_embeddings, layers.0 .. layers.N-1, norm, output``.
+A decoder is cut into stages along its forward order: embedding, blocks 0 .. N-1, final norm, head (for Llama 3
+``tok_embeddings, layers.0 .. layers.N-1, norm, output``; the names come from the model's ``DecoderLayout``).
 ``plan_pipeline`` turns the ``[parallelism]`` pipeline keys into a ``PipelinePlan`` (stage -> module names,
 stage -> rank, microbatches) or raises a one-line ``ParallelismError`` naming the keys to change. It is plain
 arithmetic, so an impossible split fails in a second, before any process exists.
 
-Default split: the embedding and the output head (``norm`` + ``output``) each count as one layer, and these
+Default split: the embedding and the head (final norm + head) each count as one layer, and these
 N + 2 units are spread evenly over the stages, earlier stages taking one more unit when they do not divide.
 Stages per rank: one for single-stage schedules (GPipe, 1F1B), two for multi-stage schedules unless
 ``pipeline_parallel_layers_per_stage`` or an explicit module list asks for more. Stage ``s`` runs on rank
@@ -19,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from dtrain.models.decoder import DecoderLayout
 from dtrain.parallelize.errors import ParallelismError
 
 # torch.distributed.pipelining's schedules under their canonical names (matched case-insensitively).
@@ -29,9 +31,6 @@ SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 # Schedules that split backward into input-gradient and weight-gradient passes run at different times.
 SPLIT_BACKWARD_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-
-EMBEDDING = "tok_embeddings"
-HEAD = ("norm", "output")
 
 _KEY = {
     "pp": "parallelism.pipeline_parallel_degree",
@@ -55,11 +54,6 @@ def canonical_schedule_name(name: str) -> str:
     return names[name.lower()]
 
 
-def model_module_names(n_layers: int) -> list[str]:
-    """The decoder's top-level modules in forward order, as full-model names."""
-    return [EMBEDDING, *(f"layers.{i}" for i in range(n_layers)), *HEAD]
-
-
 @dataclass(frozen=True)
 class PipelinePlan:
     """A checked pipeline layout: the modules of every stage, the rank of every stage, and the microbatching."""
@@ -69,6 +63,7 @@ class PipelinePlan:
     stage_modules: tuple[tuple[str, ...], ...]
     n_microbatches: int
     microbatch_size: int
+    decoder: DecoderLayout
 
     @property
     def num_stages(self) -> int:
@@ -104,27 +99,24 @@ class PipelinePlan:
             f"rank, {self.style} placement), {self.n_microbatches} microbatches of {self.microbatch_size} sequences"
         ]
         for stage, modules in enumerate(self.stage_modules):
-            lines.append(f"  stage {stage} on pp rank {self.rank_of_stage(stage)}: {compact_names(modules)}")
+            lines.append(
+                f"  stage {stage} on pp rank {self.rank_of_stage(stage)}: {compact_names(modules, self.decoder)}"
+            )
         return "\n".join(lines)
 
 
-def _layer_index(name: str) -> int | None:
-    prefix, _, index = name.partition(".")
-    return int(index) if prefix == "layers" and index.isdigit() else None
-
-
-def compact_names(modules: Sequence[str]) -> str:
-    """``tok_embeddings, layers.0-3, norm`` rather than every layer spelled out."""
+def compact_names(modules: Sequence[str], decoder: DecoderLayout) -> str:
+    """``tok_embeddings, layers.0-3, norm`` rather than every block spelled out."""
     parts: list[str] = []
     run: list[int] = []  # consecutive layer indices not yet written
 
     def flush() -> None:
         if run:
-            parts.append(f"layers.{run[0]}" if len(run) == 1 else f"layers.{run[0]}-{run[-1]}")
+            parts.append(decoder.block(run[0]) if len(run) == 1 else f"{decoder.block(run[0])}-{run[-1]}")
             run.clear()
 
     for name in modules:
-        index = _layer_index(name)
+        index = decoder.block_index(name)
         if index is not None and run and index == run[-1] + 1:
             run.append(index)
             continue
@@ -137,9 +129,9 @@ def compact_names(modules: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
-def even_split(n_layers: int, num_stages: int) -> list[list[str]]:
+def even_split(decoder: DecoderLayout, n_layers: int, num_stages: int) -> list[list[str]]:
     """Spread the N + 2 units (embedding, N blocks, head) over `num_stages`; earlier stages take the remainder."""
-    units = [[EMBEDDING], *([f"layers.{i}"] for i in range(n_layers)), list(HEAD)]
+    units = decoder.pipeline_units(n_layers)
     base, extra = divmod(len(units), num_stages)
     stages, start = [], 0
     for stage in range(num_stages):
@@ -154,11 +146,14 @@ def parse_stage_modules(spec: Sequence[str] | Sequence[Sequence[str]]) -> list[l
     return [item.split() if isinstance(item, str) else [str(name) for name in item] for item in spec]
 
 
-def _check_stage_modules(stages: list[list[str]], n_layers: int) -> None:
+def _check_stage_modules(stages: list[list[str]], decoder: DecoderLayout, n_layers: int) -> None:
     """Every module exactly once, in forward order, and no empty stage."""
-    expected = model_module_names(n_layers)
+    expected = decoder.module_names(n_layers)
     known = set(expected)
-    valid = f"list {EMBEDDING}, layers.0 .. layers.{n_layers - 1}, norm, output once each, in this order"
+    valid = (
+        f"list {decoder.embedding}, {decoder.block(0)} .. {decoder.block(n_layers - 1)}, {decoder.final_norm}, "
+        f"{decoder.head} once each, in this order"
+    )
     seen: set[str] = set()
     for stage, names in enumerate(stages):
         if not names:
@@ -171,7 +166,7 @@ def _check_stage_modules(stages: list[list[str]], n_layers: int) -> None:
             seen.add(name)
     missing = [name for name in expected if name not in seen]
     if missing:
-        raise ParallelismError(f"{_KEY['modules']}: no stage holds {compact_names(missing)} ({valid})")
+        raise ParallelismError(f"{_KEY['modules']}: no stage holds {compact_names(missing, decoder)} ({valid})")
     flat = [name for names in stages for name in names]
     if flat != expected:
         first = next(i for i, (got, want) in enumerate(zip(flat, expected)) if got != want)
@@ -250,6 +245,7 @@ def check_microbatches(schedule: str, pp: int, num_stages: int, n_microbatches: 
 def _stages(
     schedule: str,
     pp: int,
+    decoder: DecoderLayout,
     n_layers: int,
     layers_per_stage: int | None,
     stage_modules: Sequence[str] | Sequence[Sequence[str]] | None,
@@ -259,7 +255,7 @@ def _stages(
         if layers_per_stage is not None:
             raise ParallelismError(f"set {_KEY['modules']} or {_KEY['layers_per_stage']}, not both")
         stages = parse_stage_modules(stage_modules)
-        _check_stage_modules(stages, n_layers)
+        _check_stage_modules(stages, decoder, n_layers)
         if len(stages) % pp:
             raise ParallelismError(f"{_KEY['modules']} lists {len(stages)} stages, not a multiple of {_KEY['pp']}={pp}")
         return stages, _KEY["modules"]
@@ -270,15 +266,15 @@ def _stages(
             f"{source} asks for {num_stages} stages, but the model has only {units} units to split "
             f"({n_layers} layers + embedding + head) (valid: {_KEY['pp']} <= {units // (num_stages // pp)})"
         )
-    return even_split(n_layers, num_stages), source
+    return even_split(decoder, n_layers, num_stages), source
 
 
-def _check_tied_embeddings(stages: list[list[str]]) -> None:
-    first = next(i for i, names in enumerate(stages) if EMBEDDING in names)
-    last = next(i for i, names in enumerate(stages) if "output" in names)
+def _check_tied_embeddings(stages: list[list[str]], decoder: DecoderLayout) -> None:
+    first = next(i for i, names in enumerate(stages) if decoder.embedding in names)
+    last = next(i for i, names in enumerate(stages) if decoder.head in names)
     if first != last:
         raise ParallelismError(
-            f"{_KEY['tie']}=true shares one weight between {EMBEDDING} (stage {first}) and output "
+            f"{_KEY['tie']}=true shares one weight between {decoder.embedding} (stage {first}) and {decoder.head} "
             f"(stage {last}), and pipeline stages cannot share parameters (valid: {_KEY['tie']}=false)"
         )
 
@@ -287,6 +283,7 @@ def plan_pipeline(
     *,
     pp: int,
     schedule: str,
+    decoder: DecoderLayout,
     n_layers: int,
     local_batch_size: int,
     microbatch_size: int = 1,
@@ -298,8 +295,9 @@ def plan_pipeline(
 ) -> PipelinePlan:
     """Check the pipeline keys against the model and the batch and return the plan; a one-line error otherwise.
 
-    `stage_modules` is ``parallelism.module_fqns_per_model_part``: one entry per stage (a list of full-model
-    module names, or one string of space-separated names); empty or None means the default split. `ddp` says
+    `decoder` names the model's parts (its class's ``decoder_layout``). `stage_modules` is
+    ``parallelism.module_fqns_per_model_part``: one entry per stage (a list of full-model module names, or one
+    string of space-separated names); empty or None means the default split. `ddp` says
     that data parallelism is plain DDP (replicas without FSDP), which pipelines cannot use.
     """
     if pp < 2:
@@ -312,10 +310,10 @@ def plan_pipeline(
             f"{_KEY['shard']} > 1 for FSDP2, or HSDP with both)"
         )
     schedule = canonical_schedule_name(schedule)
-    stages, source = _stages(schedule, pp, n_layers, layers_per_stage, stage_modules)
+    stages, source = _stages(schedule, pp, decoder, n_layers, layers_per_stage, stage_modules)
     _check_stages_per_rank(schedule, pp, len(stages), source, n_layers + 2)
     if tie_word_embeddings:
-        _check_tied_embeddings(stages)
+        _check_tied_embeddings(stages, decoder)
     if microbatch_size < 1 or local_batch_size % microbatch_size:
         raise ParallelismError(
             f"{_KEY['local_batch']}={local_batch_size} is not a multiple of {_KEY['microbatch']}={microbatch_size}"
@@ -336,4 +334,5 @@ def plan_pipeline(
         stage_modules=tuple(tuple(names) for names in stages),
         n_microbatches=n_microbatches,
         microbatch_size=microbatch_size,
+        decoder=decoder,
     )

@@ -1,8 +1,8 @@
 """Cutting a decoder into the pipeline stages one rank runs: copies of the model with the other parts removed.
 
-A stage is the model itself minus what it does not own: blocks are deleted from ``layers`` (an nn.ModuleDict
-keyed by layer id, so the remaining blocks keep their names) and ``tok_embeddings``, ``norm`` and ``output`` are
-set to None. Every parameter therefore keeps its full-model name (``layers.5.attention.wq.weight`` stays that on
+A stage is the model itself minus what it does not own (the decoder protocol, ``dtrain.models.decoder``): blocks are
+deleted from the blocks' nn.ModuleDict (keyed by layer id, so the remaining blocks keep their names) and the
+embedding, final norm and head are set to None. Every parameter therefore keeps its full-model name (``layers.5.attention.wq.weight`` stays that on
 whichever stage holds block 5), so the union of the stages' state dicts is the full model's state dict: DCP
 checkpoints reshard between pipeline and non-pipeline layouts, and a single-device initialisation can be copied
 into the stages name by name.
@@ -18,10 +18,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from dtrain.models.decoder import decoder_layout
 from dtrain.parallelize.errors import ParallelismError
-from dtrain.parallelize.pipeline_plan import EMBEDDING, HEAD, PipelinePlan
-
-OPTIONAL_PARTS = (EMBEDDING, *HEAD)
+from dtrain.parallelize.pipeline_plan import PipelinePlan
 
 
 @dataclass
@@ -33,13 +32,15 @@ class StageModule:
 
 
 def cut_stage(model: nn.Module, modules: tuple[str, ...]) -> nn.Module:
-    """A copy of `model` holding only `modules` (full-model names: tok_embeddings, layers.N, norm, output)."""
+    """A copy of `model` holding only `modules` (full-model names, e.g. tok_embeddings, layers.N, norm, output)."""
+    decoder = decoder_layout(model)
     stage = copy.deepcopy(model)
     owned = set(modules)
-    for name in list(stage.layers.keys()):
-        if f"layers.{name}" not in owned:
-            del stage.layers[name]
-    for part in OPTIONAL_PARTS:
+    blocks = decoder.blocks_of(stage)
+    for name in list(blocks.keys()):
+        if decoder.block(int(name)) not in owned:
+            del blocks[name]
+    for part in decoder.optional_parts:
         if part not in owned:
             setattr(stage, part, None)
     return stage
@@ -47,8 +48,9 @@ def cut_stage(model: nn.Module, modules: tuple[str, ...]) -> nn.Module:
 
 def split_model(model: nn.Module, plan: PipelinePlan, pp_rank: int) -> list[StageModule]:
     """The stages pipeline rank `pp_rank` runs, in increasing stage order, cut from `model` (left untouched)."""
-    layer_names = {f"layers.{name}" for name in model.layers.keys()}
-    planned = {name for names in plan.stage_modules for name in names if name.startswith("layers.")}
+    decoder = decoder_layout(model)
+    layer_names = {decoder.block(int(name)) for name in decoder.blocks_of(model).keys()}
+    planned = {name for names in plan.stage_modules for name in names if decoder.block_index(name) is not None}
     if layer_names != planned:
         raise ParallelismError(
             f"the pipeline plan covers {len(planned)} layers but the model has {len(layer_names)}; "

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from dtrain.config.schema import LRScheduler, Optimizer
 from dtrain.lr_schedule import build_lr_scheduler
-from dtrain.models import get_model_family
+from dtrain.parallelize import get_family
 from dtrain.optim import build_optimizer, build_optimizers
 from dtrain.state import TrainState
 from dtrain.step import cross_entropy_sum, train_step
@@ -104,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device(args.device)
-    family = get_model_family(args.model)
+    family = get_family(args.model).model
     model_args = replace(family.flavors[args.flavor], vocab_size=args.vocab_size, max_seq_len=args.seq_len)
     torch.manual_seed(0)
     with torch.device("meta"):

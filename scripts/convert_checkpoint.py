@@ -22,9 +22,9 @@ import torch
 
 from dtrain.checkpoint import dcp_io
 from dtrain.checkpoint.folders import CommitRecord, commit
-from dtrain.checkpoint.hf_io import HF_ADAPTERS, build_adapter, iter_hf_weights, read_hf_config, save_hf
+from dtrain.checkpoint.hf_io import build_adapter, iter_hf_weights, read_hf_config, save_hf
 from dtrain.errors import DtrainError
-from dtrain.models import get_model_family
+from dtrain.parallelize import FAMILIES, get_family
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -39,13 +39,13 @@ def run_config_args(checkpoint: Path, config: Path | None):
     if not config.is_file():
         raise DtrainError(f"{config} not found; pass --config with the run's config.toml")
     cfg = load_config(["--config", str(config)])
-    family = get_model_family(cfg.model.name)
+    family = get_family(cfg.model.name).model
     return cfg.model.name, model_args(cfg, family, build_tokenizer(cfg.model).vocab_size)
 
 
 def expected_shapes(family_name: str, args) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
-        model = get_model_family(family_name).model_cls(args)
+        model = get_family(family_name).model.model_cls(args)
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
@@ -63,7 +63,7 @@ def from_hf(opts) -> None:
     config = read_hf_config(opts.hf_dir)
     if config is None:
         raise DtrainError(f"{opts.hf_dir} has no config.json (needed for the model's shape)")
-    adapter_cls = HF_ADAPTERS[opts.family]
+    adapter_cls = get_family(opts.family).model.hf_adapter
     args = adapter_cls.args_from_hf_config(config)
     adapter = adapter_cls(args)
     names = list(expected_shapes(opts.family, args))
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     back = commands.add_parser("from-hf", help="Hugging Face safetensors folder -> DCP model-only checkpoint")
     back.add_argument("hf_dir", type=Path)
     back.add_argument("out", type=Path)
-    back.add_argument("--family", choices=sorted(HF_ADAPTERS), default="llama3")
+    back.add_argument("--family", choices=sorted(FAMILIES), default="llama3")
     back.add_argument("--dtype", choices=DTYPES, default="float32")
     plain = commands.add_parser("to-torch", help="DCP checkpoint -> one torch.save file")
     plain.add_argument("checkpoint", type=Path)

@@ -34,14 +34,6 @@ def check_checkpoint_config(cfg: JobConfig, world_size: int) -> None:
         raise ConfigError(
             "checkpoint.initial_load_in_hf loads weights only; set checkpoint.initial_load_model_only = true"
         )
-    if c.initial_load_in_hf:
-        from dtrain.checkpoint.hf_io import HF_ADAPTERS
-
-        if cfg.model.name not in HF_ADAPTERS:
-            raise ConfigError(
-                f"checkpoint.initial_load_in_hf: no Hugging Face adapter for model.name = {cfg.model.name} "
-                f"(have: {', '.join(sorted(HF_ADAPTERS))})"
-            )
     if c.initial_load_path and not Path(c.initial_load_path).exists():
         raise ConfigError(f"checkpoint.initial_load_path {c.initial_load_path} does not exist")
     if c.create_seed_checkpoint and world_size != 1:

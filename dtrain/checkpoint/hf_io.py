@@ -1,4 +1,4 @@
-"""Hugging Face safetensors in and out, for any model family with an adapter (see hf_llama3.py).
+"""Hugging Face safetensors in and out, for any model family (each family's ModelFamily has its HF adapter).
 
 Reading goes through `safetensors` only (no pickle): tensors are memory-mapped and read one at a time, so a rank
 holds at most one full tensor beyond its own shards while loading. Writing (for the conversion script) splits the
@@ -10,26 +10,23 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from dtrain.checkpoint.dcp_io import model_state_dict, set_model_weights
-from dtrain.checkpoint.hf_llama3 import Llama3HFAdapter
 from dtrain.errors import DtrainError
+from dtrain.parallelize import get_family
 
-# Family name → adapter class (constructed with the family's model args). A new family registers its adapter here.
-HF_ADAPTERS: dict[str, Callable[[Any], Any]] = {"llama3": Llama3HFAdapter}
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
 
 
 def build_adapter(family: str, model_args: Any):
-    if family not in HF_ADAPTERS:
-        raise DtrainError(f"no Hugging Face adapter for model family {family} (have: {', '.join(sorted(HF_ADAPTERS))})")
-    return HF_ADAPTERS[family](model_args)
+    """The Hugging Face adapter of the family registered as `family`, for models of `model_args`."""
+    return get_family(family).model.hf_adapter(model_args)
 
 
 def safetensors_index(path: Path) -> dict[str, Path]:

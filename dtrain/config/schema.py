@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dtrain.parallelize.families import FAMILIES
+
 
 def opt(default: Any, doc: str, choices: tuple | None = None, minimum: float | None = None) -> Any:
     """A config field: its default, its one-line doc, and optionally its valid choices or lower bound."""
@@ -29,7 +31,7 @@ class Job:
 
 @dataclass
 class Model:
-    name: str = opt("llama3", "Model family.", choices=("llama3",))
+    name: str = opt("llama3", "Model family.", choices=tuple(FAMILIES))
     flavor: str = opt("debugmodel", "Size preset of the family (debugmodel, 1B, 3B, 8B, 70B, 405B for llama3).")
     tokenizer: str = opt(
         "auto",

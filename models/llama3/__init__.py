@@ -1,15 +1,28 @@
-"""The Llama 3 family (3, 3.1, 3.2 text models): args and flavors, the model, and its FLOP count."""
+"""The Llama 3 family (3, 3.1, 3.2 text models): args and flavors, the model, its FLOP count and HF adapter."""
 
+from ..family import ModelFamily
 from .args import LLAMA3_FLAVORS, Llama3Args, RopeScaling
 from .flops import matmul_params, num_flops_per_token
+from .hf_adapter import Llama3HFAdapter
 from .model import Attention, FeedForward, RMSNorm, Transformer, TransformerBlock
 from .rope import apply_rotary_emb, precompute_rope_cache, rope_frequencies
 
+LLAMA3 = ModelFamily(
+    name="llama3",
+    model_cls=Transformer,
+    args_cls=Llama3Args,
+    flavors=LLAMA3_FLAVORS,
+    flops_per_token=num_flops_per_token,
+    hf_adapter=Llama3HFAdapter,
+)
+
 __all__ = [
+    "LLAMA3",
     "LLAMA3_FLAVORS",
     "Attention",
     "FeedForward",
     "Llama3Args",
+    "Llama3HFAdapter",
     "RMSNorm",
     "RopeScaling",
     "Transformer",

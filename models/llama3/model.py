@@ -7,8 +7,9 @@ Parameter names (FQNs) are torchtitan's, so checkpoints move between the two pro
 Parallelism is applied from outside (``dtrain.parallelize``), which relies on a few properties kept here:
 - attention derives its number of heads from the projected tensors, never from the args, because under tensor
   parallelism each rank holds only a slice of the heads;
-- ``layers`` is an ``nn.ModuleDict`` keyed "0".."N-1" and ``tok_embeddings``/``norm``/``output`` may be set to
-  None, so a pipeline stage is this same model with the parts it does not own removed;
+- it keeps the decoder protocol (``dtrain.models.decoder``): ``layers`` is an ``nn.ModuleDict`` keyed "0".."N-1"
+  and ``tok_embeddings``/``norm``/``output`` may be set to None, so a pipeline stage is this same model with the
+  parts it does not own removed;
 - every block can initialise itself (``init_weights``), so a stage initialises only what it holds.
 
 Initialisation (``init_weights``), torchtitan-like, every draw a normal truncated at +-3 std from torch's default
@@ -23,14 +24,16 @@ generator (the caller seeds it):
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..attention import CausalSDPA
+from ..decoder import DecoderLayout
 from .args import Llama3Args
-from .rope import apply_rotary_emb, precompute_rope_cache
+from .rope import apply_rotary_emb, precompute_rope_cache, sequence_positions
 
 BASE_INIT_STD = 0.02
 TRUNCATION_STDS = 3.0
@@ -62,21 +65,9 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """Repeat each key/value head ``n_rep`` times: ``[b, s, kv_heads, d] -> [b, s, kv_heads * n_rep, d]``.
-
-    Query head ``h`` then lines up with kv head ``h // n_rep``, the grouping GQA checkpoints were trained with.
-    """
-    if n_rep == 1:
-        return x
-    bsz, seqlen, n_kv_heads, head_dim = x.shape
-    return x[:, :, :, None, :].expand(bsz, seqlen, n_kv_heads, n_rep, head_dim).reshape(
-        bsz, seqlen, n_kv_heads * n_rep, head_dim
-    )
-
-
 class Attention(nn.Module):
-    """Causal grouped-query self-attention with RoPE on queries and keys, through scaled_dot_product_attention."""
+    """Grouped-query self-attention: projections, RoPE on queries and keys at their positions, then the inner
+    attention (``dtrain.models.attention``; causal SDPA unless a plan swaps it), then the output projection."""
 
     def __init__(self, args: Llama3Args) -> None:
         super().__init__()
@@ -85,21 +76,20 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.inner_attention = CausalSDPA()
 
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
+        if positions is None:
+            positions = sequence_positions(seqlen, rope_cache)
         # -1, not n_heads: under tensor parallelism this rank's projections hold only its share of the heads.
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
-        q = apply_rotary_emb(q, rope_cache)
-        k = apply_rotary_emb(k, rope_cache)
-        n_rep = q.shape[2] // k.shape[2]
-        k = repeat_kv(k, n_rep)
-        v = repeat_kv(v, n_rep)
-        # SDPA wants [batch, heads, seq, head_dim]; is_causal lets it pick flash/efficient kernels where present.
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+        q = apply_rotary_emb(q, rope_cache, positions)
+        k = apply_rotary_emb(k, rope_cache, positions)
+        out = self.inner_attention(q, k, v, positions)
+        return self.wo(out.reshape(bsz, seqlen, -1))
 
     def init_weights(self, out_std: float) -> None:
         for linear in (self.wq, self.wk, self.wv):
@@ -136,8 +126,8 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
 
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope_cache)
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope_cache, positions)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self) -> None:
@@ -156,6 +146,10 @@ class Transformer(nn.Module):
     Built on a real device it comes initialised; built on ``meta``, call ``to_empty`` then ``init_weights``.
     """
 
+    decoder_layout: ClassVar[DecoderLayout] = DecoderLayout(
+        embedding="tok_embeddings", blocks="layers", final_norm="norm", head="output"
+    )
+
     def __init__(self, args: Llama3Args) -> None:
         super().__init__()
         self.args = args
@@ -170,10 +164,17 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cache", torch.empty(0), persistent=False)
         self.init_weights()
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (or, for a stage without the head, hidden states) of ``tokens [B, S]`` (or hidden states).
+
+        ``positions [S]`` are the tokens' positions in their sequence, for RoPE and the inner attention; a
+        context-parallel rank, which holds only some chunks of each sequence, passes theirs. None means a whole
+        sequence: each attention then takes ``0 .. S-1`` over the sequence it sees (under sequence parallel the
+        gathered one, though a pipeline stage receives only its shard of the hidden states).
+        """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
-            h = layer(h, self.rope_cache)
+            h = layer(h, self.rope_cache, positions)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 

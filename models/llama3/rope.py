@@ -46,19 +46,27 @@ def precompute_rope_cache(
         return torch.cat([angles.cos(), angles.sin()], dim=-1)
 
 
-def apply_rotary_emb(x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[batch, seq, heads, head_dim]`` by its positions' angles; ``rope_cache`` covers >= seq rows.
-
-    The rotation is computed in float32 and cast back to ``x``'s dtype, as the reference does.
-    """
-    seqlen, head_dim = x.shape[1], x.shape[-1]
-    if rope_cache.shape[0] < seqlen:
+def sequence_positions(seqlen: int, rope_cache: torch.Tensor) -> torch.Tensor:
+    """``0 .. seqlen-1`` on the table's device, the positions of a whole sequence; ValueError past the table."""
+    if seqlen > rope_cache.shape[0]:
         raise ValueError(
             f"sequence length {seqlen} exceeds the RoPE table's {rope_cache.shape[0]} positions; raise max_seq_len"
         )
-    cos, sin = rope_cache[:seqlen].float().view(1, seqlen, 1, head_dim).chunk(2, dim=-1)
+    return torch.arange(seqlen, device=rope_cache.device)
+
+
+def apply_rotary_emb(x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[batch, seq, heads, head_dim]`` by the angles of its tokens' ``positions`` (``[seq]``, or
+    ``[batch, seq]`` when sequences differ), rows of ``rope_cache``.
+
+    The rotation is computed in float32 and cast back to ``x``'s dtype, as the reference does.
+    """
+    head_dim = x.shape[-1]
+    table = rope_cache[positions].float()  # [seq, head_dim] or [batch, seq, head_dim]
+    if table.ndim == 2:
+        table = table.unsqueeze(0)
+    cos, sin = table.unsqueeze(2).chunk(2, dim=-1)
     pairs = x.float().unflatten(-1, (head_dim // 2, 2))
     even, odd = pairs[..., 0], pairs[..., 1]
     rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
     return rotated.flatten(-2).type_as(x)
-

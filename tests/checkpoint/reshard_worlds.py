@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 
 from dtrain.checkpoint.dcp_io import model_state_dict
 from dtrain.checkpoint.hf_io import iter_hf_weights, load_hf_weights
-from dtrain.checkpoint.hf_llama3 import Llama3HFAdapter
+from dtrain.models.llama3.hf_adapter import Llama3HFAdapter
 
 from dtrain.distributed import dp_rank_and_size, dp_summer
 from dtrain.models.llama3 import Transformer

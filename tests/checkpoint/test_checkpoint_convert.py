@@ -11,7 +11,7 @@ from dtrain.checkpoint.dcp_io import read_full_weights
 from dtrain.checkpoint.folders import read_record
 from dtrain.checks import model_args
 from dtrain.config import to_toml
-from dtrain.models import get_model_family
+from dtrain.parallelize import get_family
 from dtrain.models.llama3 import Transformer
 
 
@@ -25,7 +25,7 @@ def load_script():
 def test_dcp_to_hf_and_back_is_bit_exact_and_to_torch_loads_without_pickle(run_dir, tmp_path, capsys):
     cfg = make_cfg(run_dir)
     cfg.model.flavor = "debugmodel"
-    args = model_args(cfg, get_model_family("llama3"), 258)
+    args = model_args(cfg, get_family("llama3").model, 258)
     torch.manual_seed(3)
     model = Transformer(args)
     manager_for(cfg, tiny_state(cfg, model=model)).save(5)  # a full checkpoint, as a run writes it

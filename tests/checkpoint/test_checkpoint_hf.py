@@ -12,7 +12,7 @@ from checkpoint_helpers import TINY_ARGS
 
 from dtrain.checkpoint.dcp_io import model_state_dict
 from dtrain.checkpoint.hf_io import load_hf_weights, safetensors_index, save_hf
-from dtrain.checkpoint.hf_llama3 import Llama3HFAdapter, halves_to_pairs, llama3_args_from_hf_config, pairs_to_halves
+from dtrain.models.llama3.hf_adapter import Llama3HFAdapter, halves_to_pairs, llama3_args_from_hf_config, pairs_to_halves
 from dtrain.errors import DtrainError
 from dtrain.models.llama3 import Transformer, apply_rotary_emb, precompute_rope_cache
 
@@ -38,7 +38,7 @@ def test_permuted_rows_give_hf_rope_the_same_scores():
         k = rope((x @ k_rows.T).view(1, seqlen, n_heads, head_dim), cache)
         return torch.einsum("bqhd,bkhd->bhqk", q, k)
 
-    ours = scores(wq, wk, apply_rotary_emb)
+    ours = scores(wq, wk, lambda x, cache: apply_rotary_emb(x, cache, torch.arange(seqlen)))
     theirs = scores(pairs_to_halves(wq, n_heads), pairs_to_halves(wk, n_heads), rotate_half_rope)
     assert torch.allclose(ours, theirs, atol=1e-4)
     assert not torch.allclose(ours, scores(wq, wk, rotate_half_rope), atol=1e-2)  # the permutation matters

@@ -11,7 +11,7 @@ from reshard_worlds import SAVED_STEP, STEPS, train_then_continue_elsewhere
 
 from dtrain.checkpoint.dcp_io import model_state_dict
 from dtrain.checkpoint.hf_io import save_hf
-from dtrain.checkpoint.hf_llama3 import Llama3HFAdapter
+from dtrain.models.llama3.hf_adapter import Llama3HFAdapter
 from dtrain.models.llama3 import Transformer
 
 pytestmark = pytest.mark.multiprocess

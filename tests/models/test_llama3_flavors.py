@@ -5,7 +5,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dtrain.models import MODEL_FAMILIES, count_params, get_model_family
+from dtrain.models import count_params
+from dtrain.models.llama3 import LLAMA3, Llama3HFAdapter
+from dtrain.parallelize import FAMILIES, get_family
 from dtrain.models.llama3 import LLAMA3_FLAVORS, Llama3Args, RopeScaling, Transformer
 
 
@@ -76,9 +78,10 @@ def test_invalid_rope_scaling():
 
 
 def test_registry_builds_what_the_trainer_asks_for():
-    family = get_model_family("llama3")
-    assert MODEL_FAMILIES["llama3"] is family
-    assert family.args_cls is Llama3Args and family.flavors is LLAMA3_FLAVORS
+    spec = get_family("llama3")
+    assert FAMILIES["llama3"] is spec and spec.model is LLAMA3
+    family = spec.model
+    assert family.args_cls is Llama3Args and family.flavors is LLAMA3_FLAVORS and family.hf_adapter is Llama3HFAdapter
     args = replace(family.flavors["8B"], vocab_size=320, max_seq_len=64, tie_word_embeddings=True)
     with torch.device("meta"):
         model = family.model_cls(args)
@@ -90,4 +93,4 @@ def test_registry_builds_what_the_trainer_asks_for():
 
 def test_unknown_family_lists_valid_names():
     with pytest.raises(ValueError, match="llama3"):
-        get_model_family("llama4")
+        get_family("llama4")

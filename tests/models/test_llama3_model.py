@@ -39,6 +39,37 @@ def test_forward_shapes(tiny_args):
     assert model.layers["1"].attention.wk.weight.shape == (2 * 16, 64)  # n_kv_heads * head_dim
 
 
+def test_too_long_sequence_names_max_seq_len(tiny_args):
+    model = Transformer(tiny_args)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(_tokens(tiny_args, batch=1, seqlen=tiny_args.max_seq_len + 1))
+
+
+def test_inner_attention_is_a_swappable_seam_called_with_positions(tiny_args):
+    # A plan replaces attention's inner module (context parallel, document masking); it sees the rotated
+    # queries, the grouped (not repeated) keys and values, and the positions the model was called with.
+    model = Transformer(tiny_args)
+    tokens = _tokens(tiny_args, batch=2, seqlen=8)
+    expected = model(tokens)
+    seen = []
+
+    class Recording(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, q, k, v, positions):
+            seen.append((q.shape[2], k.shape[2], positions.tolist()))
+            return self.inner(q, k, v, positions)
+
+    for block in model.layers.values():
+        block.attention.inner_attention = Recording(block.attention.inner_attention)
+    torch.testing.assert_close(model(tokens), expected, rtol=0, atol=0)
+    assert seen[0] == (tiny_args.n_heads, tiny_args.n_kv_heads, list(range(8)))
+    model(tokens, positions=torch.arange(8) + 3)
+    assert seen[-1][2] == list(range(3, 11))
+
+
 def test_same_seed_same_init_different_seed_different(tiny_args):
     a = _seeded_init(Transformer(tiny_args), 7).state_dict()
     b = _seeded_init(Transformer(tiny_args), 7).state_dict()
@@ -128,7 +159,7 @@ def test_gqa_attention_matches_explicit_reference(tiny_args):
     attention = model.layers["0"].attention
     x = torch.randn(2, 12, tiny_args.dim, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        got = attention(x, model.rope_cache)
+        got = attention(x, model.rope_cache, torch.arange(12))
         expected = _reference_attention(attention, x, tiny_args)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
 

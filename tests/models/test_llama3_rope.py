@@ -60,12 +60,25 @@ def test_rotation_equals_complex_multiplication_of_adjacent_pairs():
     freqs = rope_frequencies(16, 500000.0, RopeScaling(8.0, 1.0, 4.0, 8))
     rotation = torch.polar(torch.ones(10, 8), torch.outer(torch.arange(10, dtype=torch.float32), freqs))
     expected = torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (8, 2))) * rotation[None, :, None, :])
-    torch.testing.assert_close(apply_rotary_emb(x, cache), expected.flatten(-2), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(apply_rotary_emb(x, cache, torch.arange(10)), expected.flatten(-2), atol=1e-5, rtol=1e-5)
 
 
-def test_rotation_keeps_dtype_and_rejects_too_long_sequences():
+def test_rotation_keeps_dtype():
     cache = precompute_rope_cache(8, 4, 10000.0, None)
     x = torch.randn(1, 4, 2, 8, dtype=torch.bfloat16)
-    assert apply_rotary_emb(x, cache).dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="max_seq_len"):
-        apply_rotary_emb(torch.randn(1, 5, 2, 8), cache)
+    assert apply_rotary_emb(x, cache, torch.arange(4)).dtype == torch.bfloat16
+
+
+def test_rotation_uses_the_given_positions():
+    # A chunk of a sequence (as a context-parallel rank holds) rotates like those rows of the whole sequence,
+    # and per-sequence positions ([batch, seq]) rotate each sequence by its own.
+    torch.manual_seed(0)
+    cache = precompute_rope_cache(8, 16, 10000.0, None)
+    x = torch.randn(2, 12, 3, 8)
+    whole = apply_rotary_emb(x, cache, torch.arange(12))
+    chunk = torch.tensor([4, 5, 6, 9, 10])
+    torch.testing.assert_close(apply_rotary_emb(x[:, chunk], cache, chunk), whole[:, chunk], rtol=0, atol=0)
+    per_sequence = torch.stack([torch.arange(12), torch.arange(12)])
+    torch.testing.assert_close(apply_rotary_emb(x, cache, per_sequence), whole, rtol=0, atol=0)
+    shifted = apply_rotary_emb(x, cache, torch.arange(12) + 2)
+    assert not torch.allclose(shifted, whole)

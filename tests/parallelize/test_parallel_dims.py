@@ -1,10 +1,19 @@
 """ParallelDims: degrees resolved and validated against the world, the model and the batch, with no process group."""
 
+from types import SimpleNamespace
+
 import pytest
 
-from dtrain.parallelize import ParallelDims, ParallelismError
+from dtrain.parallelize import ParallelDims, ParallelismError, get_family
 
 MODEL = dict(n_heads=8, n_kv_heads=8, ffn_hidden_dim=256, vocab_size=256, seq_len=16)
+
+
+def check_shapes(dims: ParallelDims, **model) -> None:
+    """The Llama 3 family's shape checks on a model with MODEL's sizes (`model` overrides some)."""
+    sizes = {**MODEL, **model}
+    seq_len = sizes.pop("seq_len")
+    get_family("llama3").check_shapes(dims, SimpleNamespace(**sizes), seq_len)
 
 
 def test_shard_degree_minus_one_takes_the_rest():
@@ -72,7 +81,7 @@ def test_parallelism_error_is_a_value_error():
 def test_tp_must_divide_the_heads():
     dims = ParallelDims(3, dp_shard=1, tp=3)
     with pytest.raises(ParallelismError) as error:
-        dims.validate_model(**MODEL)
+        check_shapes(dims)
     assert str(error.value) == "parallelism.tensor_parallel_degree=3 does not divide model.n_heads=8 (valid: 1, 2, 4, 8)"
 
 
@@ -87,17 +96,17 @@ def test_tp_must_divide_the_heads():
 )
 def test_tp_must_divide_kv_heads_ffn_vocab_and_sequence(override, named):
     with pytest.raises(ParallelismError, match=named):
-        ParallelDims(4, dp_shard=1, tp=4).validate_model(**{**MODEL, **override})
+        check_shapes(ParallelDims(4, dp_shard=1, tp=4), **override)
 
 
 def test_sequence_length_only_matters_under_sequence_parallel():
-    ParallelDims(4, dp_shard=1, tp=4, sequence_parallel=False).validate_model(**{**MODEL, "seq_len": 10})
-    ParallelDims(4).validate_model(**{**MODEL, "n_heads": 3})  # no TP: nothing to divide
+    check_shapes(ParallelDims(4, dp_shard=1, tp=4, sequence_parallel=False), seq_len=10)
+    check_shapes(ParallelDims(4), n_heads=3)  # no TP: nothing to divide
 
 
 def test_vocab_message_suggests_the_rounding_knob():
     with pytest.raises(ParallelismError, match="model.vocab_size_multiple_of"):
-        ParallelDims(2, dp_shard=1, tp=2).validate_model(**{**MODEL, "vocab_size": 255})
+        check_shapes(ParallelDims(2, dp_shard=1, tp=2), vocab_size=255)
 
 
 def test_gradient_accumulation_steps():

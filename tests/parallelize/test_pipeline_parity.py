@@ -100,7 +100,7 @@ def pipelined_state(layout: PipelineLayout, world_size: int, meshes: dict) -> tu
     )
     mesh = mesh_for(dims, meshes)
     plan = plan_pipeline(
-        pp=dims.pp, schedule=layout.schedule, n_layers=ARGS.n_layers,
+        pp=dims.pp, schedule=layout.schedule, decoder=Transformer.decoder_layout, n_layers=ARGS.n_layers,
         local_batch_size=GLOBAL_BATCH // (dims.dp_size * layout.accumulation), microbatch_size=layout.microbatch_size,
         layers_per_stage=layout.layers_per_stage, ddp=dims.ddp_enabled,
     )

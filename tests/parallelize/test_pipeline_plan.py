@@ -11,13 +11,14 @@ from dtrain.parallelize.pipeline_bubble import bubble_fraction, format_bubbles
 from dtrain.parallelize.pipeline_plan import PIPELINE_SCHEDULES, compact_names, even_split, plan_pipeline
 from dtrain.parallelize.pipeline_split import split_model
 
+DECODER = Transformer.decoder_layout
 ARGS = Llama3Args(
     dim=32, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=16, ffn_dim_multiplier=None, max_seq_len=8
 )
 
 
 def plan(**overrides):
-    kwargs = dict(pp=2, schedule="1F1B", n_layers=4, local_batch_size=8, microbatch_size=2)
+    kwargs = dict(pp=2, schedule="1F1B", decoder=DECODER, n_layers=4, local_batch_size=8, microbatch_size=2)
     kwargs.update(overrides)
     return plan_pipeline(**kwargs)
 
@@ -28,7 +29,7 @@ def test_default_split_counts_embedding_and_head_as_layers():
         ("layers.2", "layers.3", "norm", "output"),
     )
     # 6 units over 4 stages: the first two stages take the remainder.
-    assert even_split(4, 4) == [["tok_embeddings", "layers.0"], ["layers.1", "layers.2"], ["layers.3"], ["norm", "output"]]
+    assert even_split(DECODER, 4, 4) == [["tok_embeddings", "layers.0"], ["layers.1", "layers.2"], ["layers.3"], ["norm", "output"]]
 
 
 @pytest.mark.parametrize(
@@ -105,7 +106,7 @@ def test_describe_lists_every_stage_with_its_rank():
     text = plan(schedule="ZBVZeroBubble", microbatch_size=1).describe()
     assert "ZBVZeroBubble over 2 ranks, 4 stages (2 per rank, v placement), 8 microbatches of 1 sequences" in text
     assert "stage 3 on pp rank 0: norm, output" in text
-    assert compact_names(["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.5", "norm"]) == (
+    assert compact_names(["tok_embeddings", "layers.0", "layers.1", "layers.2", "layers.5", "norm"], DECODER) == (
         "tok_embeddings, layers.0-2, layers.5, norm"
     )
 

@@ -83,7 +83,9 @@ def test_tp_plan_is_printable_data():
     assert lines["tok_embeddings"] == "SyncOutputRowwiseParallel(in=R, out=S(1), local_output=True)"
     assert lines["layers.*.attention.wq"].startswith("ColwiseParallel(")
     assert lines["layers.*.attention.wo"].startswith("RowwiseParallel(in=S(-1), out=S(1)")
-    assert lines["layers.*.attention"] == "PrepareModuleInput(in=(S(1), None), desired_in=(R, None), local_output=False)"
+    assert lines["layers.*.attention"] == (
+        "PrepareModuleInput(in=(S(1), None, None), desired_in=(R, None, None), local_output=False)"
+    )
     assert lines["output"] == "ColwiseParallel(in=S(1), desired_in=R, out=S(-1), local_output=False)"
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from dtrain.models.llama3 import Llama3Args, RopeScaling
+from .args import Llama3Args, RopeScaling
 
 _TOP_LEVEL = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
