@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dtrain.parallelize.family_spec import FamilySpec
 from dtrain.parallelize.llama3 import LLAMA3_SPEC
+from dtrain.parallelize.qwen3 import QWEN3_SPEC
 
-FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (LLAMA3_SPEC,)}
+FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (LLAMA3_SPEC, QWEN3_SPEC)}
 
 
 def get_family(name: str) -> FamilySpec:

@@ -9,6 +9,8 @@ Order (torchtitan's, and each step depends on the previous ones):
 
 from __future__ import annotations
 
+from typing import Callable
+
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
@@ -94,11 +96,22 @@ def parallelize_llama(
     Typically called on a model built on the meta device; afterwards ``model.to_empty(device=...)`` and
     ``init_weights_like_single_device`` give it its values. `mesh` may be None only for a single process.
     """
+    return parallelize_decoder(model, mesh, dims, options, llama3_tp_plan)
+
+
+def parallelize_decoder(
+    model: nn.Module,
+    mesh: ParallelMesh | None,
+    dims: ParallelDims,
+    options: ParallelizeOptions,
+    tp_plan: Callable[..., TPPlan],
+) -> nn.Module:
+    """The module doc's order for any family built on the shared decoder (models/transformer.py), with its plan."""
     options.validate(dims)
     if mesh is None and dims.world_size > 1:
         raise ParallelismError(f"a world of {dims.world_size} processes needs a device mesh (build_mesh)")
     if dims.tp_enabled:
-        plan = llama3_tp_plan(sequence_parallel=dims.sequence_parallel_enabled, loss_parallel=dims.loss_parallel_enabled)
+        plan = tp_plan(sequence_parallel=dims.sequence_parallel_enabled, loss_parallel=dims.loss_parallel_enabled)
         apply_tp(model, mesh["tp"], _present(plan, model))
         if _is_tied(model):
             # Embedding rows and head columns are both Shard(0) of the same [vocab, dim] weight; the plan

@@ -32,7 +32,7 @@ class Job:
 @dataclass
 class Model:
     name: str = opt("llama3", "Model family.", choices=tuple(FAMILIES))
-    flavor: str = opt("debugmodel", "Size preset of the family (debugmodel, 1B, 3B, 8B, 70B, 405B for llama3).")
+    flavor: str = opt("debugmodel", "Size preset of the family (llama3: debugmodel, 1B, 3B, 8B, 70B, 405B; qwen3: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B).")
     tokenizer: str = opt(
         "auto",
         "Tokenizer kind; auto = byte-level when hf_assets_path is empty, else tokenizer.json or tokenizer.model there.",

@@ -1,11 +1,12 @@
-"""The Llama 3 family (3, 3.1, 3.2 text models): args and flavors, the model, its FLOP count and HF adapter."""
+"""The Llama 3 family (3, 3.1, 3.2 text models): args and flavors, the shared pre-norm decoder as its model, its
+FLOP count and HF adapter."""
 
 from ..family import ModelFamily
-from .args import LLAMA3_FLAVORS, Llama3Args, RopeScaling
-from .flops import matmul_params, num_flops_per_token
+from ..flops import matmul_params, num_flops_per_token
+from ..rope import RopeScaling, apply_rotary_emb, precompute_rope_cache, rope_frequencies
+from ..transformer import Attention, FeedForward, RMSNorm, Transformer, TransformerBlock
+from .args import LLAMA3_FLAVORS, Llama3Args
 from .hf_adapter import Llama3HFAdapter
-from .model import Attention, FeedForward, RMSNorm, Transformer, TransformerBlock
-from .rope import apply_rotary_emb, precompute_rope_cache, rope_frequencies
 
 LLAMA3 = ModelFamily(
     name="llama3",

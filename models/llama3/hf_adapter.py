@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from .args import Llama3Args, RopeScaling
+from ..rope import RopeScaling
+from .args import Llama3Args
 
 _TOP_LEVEL = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
@@ -58,7 +59,7 @@ def llama3_args_from_hf_config(config: dict[str, Any]) -> Llama3Args:
     """
     dim, intermediate = int(config["hidden_size"]), int(config["intermediate_size"])
     base = int(2 * (4 * dim) / 3)
-    rope = _rope_config(config)
+    rope = rope_config(config)
     return Llama3Args(
         dim=dim,
         n_layers=int(config["num_hidden_layers"]),
@@ -75,7 +76,7 @@ def llama3_args_from_hf_config(config: dict[str, Any]) -> Llama3Args:
     )
 
 
-def _rope_config(config: dict[str, Any]) -> dict[str, Any]:
+def rope_config(config: dict[str, Any]) -> dict[str, Any]:
     """rope_theta and scaling, from the classic keys (rope_theta, rope_scaling) or transformers 5's rope_parameters."""
     merged = dict(config.get("rope_scaling") or {})
     merged.update(config.get("rope_parameters") or {})
@@ -99,10 +100,17 @@ def _scaling_from(rope: dict[str, Any]) -> RopeScaling | None:
 
 
 class Llama3HFAdapter:
-    """Converts one tensor at a time between our Llama 3 FQNs and LlamaForCausalLM's safetensors names."""
+    """Converts one tensor at a time between our Llama 3 FQNs and LlamaForCausalLM's safetensors names.
+
+    A family built on the same decoder (Qwen3) subclasses it: its extra block tensors go in ``IN_BLOCK``, its
+    config.json in ``hf_config``/``args_from_hf_config``, and the settings compared on load in ``CHECKED_FIELDS``.
+    """
 
     family = "llama3"
     args_from_hf_config = staticmethod(llama3_args_from_hf_config)
+    IN_BLOCK = _IN_BLOCK
+    CHECKED_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_hidden_dim", "head_dim",
+                      "tie_word_embeddings", "rope_theta", "rope_scaling", "norm_eps")
 
     def __init__(self, args: Llama3Args):
         self.args = args
@@ -114,28 +122,38 @@ class Llama3HFAdapter:
         if fqn in _TOP_LEVEL:
             return _TOP_LEVEL[fqn]
         match = _BLOCK_FQN.match(fqn)
-        if match and match.group(2) in _IN_BLOCK:
-            return f"model.layers.{match.group(1)}.{_IN_BLOCK[match.group(2)]}"
-        raise ValueError(f"no Hugging Face name for Llama 3 parameter {fqn!r}")
+        if match and match.group(2) in self.IN_BLOCK:
+            return f"model.layers.{match.group(1)}.{self.IN_BLOCK[match.group(2)]}"
+        raise ValueError(f"no Hugging Face name for {self.family} parameter {fqn!r}")
 
     def _heads(self, fqn: str) -> int | None:
+        """How many heads' features `fqn` lays out in RoPE's order (reordered between ours and HF's), if any.
+
+        The q/k projections' output rows, and a QK-norm weight (one head's features, applied before RoPE).
+        """
         if fqn.endswith("attention.wq.weight"):
             return self.args.n_heads
         if fqn.endswith("attention.wk.weight"):
             return self.args.n_kv_heads
+        if fqn.endswith(("attention.q_norm.weight", "attention.k_norm.weight")):
+            return 1
         return None
+
+    def _reorder(self, fqn: str, tensor: torch.Tensor, reorder) -> torch.Tensor:
+        heads = self._heads(fqn)
+        if heads is None:
+            return tensor
+        return reorder(tensor.unsqueeze(-1), heads).squeeze(-1) if tensor.ndim == 1 else reorder(tensor, heads)
 
     def to_hf(self, fqn: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
         """(HF name, tensor in HF's layout), or None for a tensor HF does not store (a tied head)."""
         if fqn == "output.weight" and self.args.tie_word_embeddings:
             return None
-        heads = self._heads(fqn)
-        return self.hf_name(fqn), pairs_to_halves(tensor, heads) if heads else tensor
+        return self.hf_name(fqn), self._reorder(fqn, tensor, pairs_to_halves)
 
     def from_hf(self, fqn: str, tensor: torch.Tensor) -> torch.Tensor:
         """HF's tensor for our `fqn` (read from `hf_name(fqn)`) in our layout."""
-        heads = self._heads(fqn)
-        return halves_to_pairs(tensor, heads) if heads else tensor
+        return self._reorder(fqn, tensor, halves_to_pairs)
 
     def hf_config(self, dtype: torch.dtype) -> dict[str, Any]:
         """config.json for LlamaForCausalLM with these weights."""
@@ -153,6 +171,15 @@ class Llama3HFAdapter:
         return {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
+            **self.decoder_hf_config(dtype),
+            "rope_scaling": scaling,
+            "mlp_bias": False,
+        }
+
+    def decoder_hf_config(self, dtype: torch.dtype) -> dict[str, Any]:
+        """The config.json keys every family on the shared decoder writes the same way."""
+        a = self.args
+        return {
             "hidden_size": a.dim,
             "intermediate_size": a.ffn_hidden_dim,
             "num_hidden_layers": a.n_layers,
@@ -163,12 +190,10 @@ class Llama3HFAdapter:
             "max_position_embeddings": a.max_seq_len,
             "rms_norm_eps": a.norm_eps,
             "rope_theta": a.rope_theta,
-            "rope_scaling": scaling,
             "tie_word_embeddings": a.tie_word_embeddings,
             "hidden_act": "silu",
             "attention_bias": False,
             "attention_dropout": 0.0,
-            "mlp_bias": False,
             "initializer_range": 0.02,
             "torch_dtype": HF_DTYPE_NAMES[dtype],
         }
@@ -176,13 +201,12 @@ class Llama3HFAdapter:
     def check_hf_config(self, config: dict[str, Any]) -> None:
         """ValueError naming the first setting in which a HF config.json differs from this model."""
         try:
-            theirs = llama3_args_from_hf_config(config)
+            theirs = self.args_from_hf_config(config)
         except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"is not a Llama config ({type(err).__name__}: {err})") from None
+            raise ValueError(f"is not a {self.family} config ({type(err).__name__}: {err})") from None
         ours = self.args
         # max_seq_len is ours to choose per run; it changes no weight and no result within the trained length.
         theirs = replace(theirs, max_seq_len=ours.max_seq_len)
-        for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_hidden_dim", "head_dim",
-                     "tie_word_embeddings", "rope_theta", "rope_scaling", "norm_eps"):
+        for name in self.CHECKED_FIELDS:
             if getattr(theirs, name) != getattr(ours, name):
                 raise ValueError(f"has {name} = {getattr(theirs, name)}, this model has {getattr(ours, name)}")

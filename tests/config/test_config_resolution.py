@@ -9,6 +9,7 @@ import pytest
 from dtrain.config import JobConfig, load_config
 from dtrain.config.loader import default_configs_dir
 from dtrain.errors import ConfigError
+from dtrain.parallelize import get_family
 
 
 def test_no_config_reads_debug_model(load, configs_dir: Path):
@@ -108,3 +109,12 @@ def test_lists_are_not_shared_with_defaults(load):
     cfg = load([])
     cfg.compile.components.append("extra")
     assert load([]).compile.components == ["model", "loss"]
+
+
+def test_every_shipped_config_loads_and_names_a_registered_family_and_flavor():
+    repo_configs = Path(__file__).resolve().parents[2] / "train_configs"
+    files = sorted(repo_configs.glob("*.toml"))
+    assert {"debug_model.toml", "llama3_8b.toml", "qwen3_0.6b.toml"} <= {f.name for f in files}
+    for file in files:
+        cfg = load_config(["--config", str(file)])
+        assert cfg.model.flavor in get_family(cfg.model.name).model.flavors, file.name

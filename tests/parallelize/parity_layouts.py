@@ -21,19 +21,20 @@ from torch.distributed.tensor import DTensor
 from dtrain.config.schema import LRScheduler, Optimizer
 from dtrain.distributed import dp_rank_and_size, dp_summer
 from dtrain.lr_schedule import build_lr_scheduler
-from dtrain.models.llama3 import Llama3Args, Transformer
+from dtrain.models.llama3 import Llama3Args
+from dtrain.models.qwen3 import Qwen3Args
 from dtrain.optim import build_optimizers
 from dtrain.parallelize import (
     ParallelDims,
     ParallelizeOptions,
     build_mesh,
     compile_report,
+    get_family,
     init_weights_like_single_device,
     local_loss,
     loss_parallel_context,
     memory_footprint,
     model_fqn,
-    parallelize_llama,
     stop_compile_trace,
 )
 from dtrain.parallelize.mesh import ParallelMesh
@@ -43,6 +44,12 @@ from dtrain.step import IGNORE_INDEX, cross_entropy_sum, train_step
 ARGS = Llama3Args(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=32, ffn_dim_multiplier=None, max_seq_len=16
 )
+# Every family's tiny model, on the same data (Qwen3's head_dim is not dim / n_heads, as in the real ones).
+FAMILY_ARGS = {
+    "llama3": ARGS,
+    "qwen3": Qwen3Args(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24, hidden_dim=96, vocab_size=256,
+                       max_seq_len=16),
+}
 STEPS = 10
 GLOBAL_BATCH = 8
 SEQ_LEN = 16
@@ -64,6 +71,16 @@ class Layout:
     options: dict = field(default_factory=dict)
     microbatches: int = 1
     tie_word_embeddings: bool = False
+    family: str = "llama3"
+
+    @property
+    def reference(self) -> tuple[str, bool]:
+        """The single-process run this layout is compared with: same family, same tying."""
+        return (self.family, self.tie_word_embeddings)
+
+    @property
+    def args(self):
+        return replace(FAMILY_ARGS[self.family], tie_word_embeddings=self.tie_word_embeddings)
 
 
 class NoData:
@@ -135,13 +152,13 @@ def run_steps(state: TrainState, steps: range, mesh: ParallelMesh | None, accumu
     return {"losses": losses, "grad_norms": norms, "lrs": rates, "memory": memory}
 
 
-def single_process_run(args: Llama3Args) -> tuple[dict, dict[str, torch.Tensor]]:
+def single_process_run(args, family: str = "llama3") -> tuple[dict, dict[str, torch.Tensor]]:
     """The baseline: the plain single-device recipe (meta, to_empty, seed, init_weights), no parallelize code.
 
     Returns its run (each global batch as 2 accumulated microbatches) and its initial weights.
     """
     with torch.device("meta"):
-        model = Transformer(args)
+        model = get_family(family).model.model_cls(args)
     model.to_empty(device="cpu")
     torch.manual_seed(SEED)
     model.init_weights()
@@ -158,27 +175,30 @@ def mesh_for(dims: ParallelDims, meshes: dict) -> ParallelMesh:
 
 
 def build_parallel_model(
-    args: Llama3Args, dims: ParallelDims, mesh: ParallelMesh, options: ParallelizeOptions | None = None
+    args, dims: ParallelDims, mesh: ParallelMesh, options: ParallelizeOptions | None = None, family: str = "llama3"
 ) -> torch.nn.Module:
     """A whole model as the trainer builds it: on meta, parallelized, materialized, with the single-device init."""
+    spec = get_family(family)
     with torch.device("meta"):
-        model = Transformer(args)
+        model = spec.model.model_cls(args)
     reference = copy.deepcopy(model)
-    parallelize_llama(model, mesh, dims, options or ParallelizeOptions())
+    spec.parallelize(model, mesh, dims, options or ParallelizeOptions())
     model.to_empty(device="cpu")
     init_weights_like_single_device(model, reference, SEED)
     return model
 
 
-WATCHED_PARAMS = ("tok_embeddings.weight", "layers.0.attention.wq.weight", "norm.weight", "output.weight")
+WATCHED_PARAMS = (
+    "tok_embeddings.weight", "layers.0.attention.wq.weight", "layers.0.attention.q_norm.weight", "norm.weight",
+    "output.weight",
+)
 
 
 def run_layout(layout: Layout, world_size: int, meshes: dict) -> tuple[dict, dict, dict]:
     """Train `layout`; also return its initial weights (whole) and the placements of WATCHED_PARAMS."""
     dims = ParallelDims(world_size, **layout.degrees)
     mesh = mesh_for(dims, meshes)
-    args = replace(ARGS, tie_word_embeddings=layout.tie_word_embeddings)
-    model = build_parallel_model(args, dims, mesh, ParallelizeOptions(**layout.options))
+    model = build_parallel_model(layout.args, dims, mesh, ParallelizeOptions(**layout.options), layout.family)
     initial = {name: plain(p.detach()).clone() for name, p in model.named_parameters()}
     placements = {
         model_fqn(name): str(getattr(p, "placements", "plain"))
@@ -190,17 +210,18 @@ def run_layout(layout: Layout, world_size: int, meshes: dict) -> tuple[dict, dic
 
 
 def run_layouts(rank: int, world_size: int, layouts: list[Layout]) -> dict:
-    """Rank 0's report: {"reference": {tie: run}, layout name: run + init_max_diff, param_names, placements}.
+    """Rank 0's report: {"reference": {(family, tie): run}, layout name: run + init_max_diff, param_names,
+    placements}.
 
     Compiled layouts start from a clean dynamo state and also report what compiling did.
     """
     # Only rank 0 reports, so only rank 0 pays for the single-process baseline (the others would compete for
     # the same few cores).
-    ties = {layout.tie_word_embeddings for layout in layouts}
+    wanted = {layout.reference: layout for layout in layouts}
     references = (
-        {tie: single_process_run(replace(ARGS, tie_word_embeddings=tie)) for tie in ties} if rank == 0 else {}
+        {key: single_process_run(layout.args, layout.family) for key, layout in wanted.items()} if rank == 0 else {}
     )
-    report = {"reference": {tie: {**run, "param_names": sorted(init)} for tie, (run, init) in references.items()}}
+    report = {"reference": {key: {**run, "param_names": sorted(init)} for key, (run, init) in references.items()}}
     meshes: dict = {}
     for layout in layouts:
         compiled = layout.options.get("compile_model", False)
@@ -215,7 +236,7 @@ def run_layouts(rank: int, world_size: int, layouts: list[Layout]) -> dict:
             result["compile"] = compile_report()
         if rank != 0:
             continue
-        expected = references[layout.tie_word_embeddings][1]
+        expected = references[layout.reference][1]
         result["init_max_diff"] = max(
             (initial[name] - expected[model_fqn(name)]).abs().max().item() for name in initial
         )
@@ -231,7 +252,7 @@ def max_relative_diff(values: list[float], expected: list[float]) -> float:
 
 def assert_matches_single_process(report: dict, layout: Layout, loss_rtol: float = 1e-5) -> None:
     """Same initial weights (exactly), same losses and gradient norms over STEPS steps, same parameter names."""
-    result, reference = report[layout.name], report["reference"][layout.tie_word_embeddings]
+    result, reference = report[layout.name], report["reference"][layout.reference]
     assert result["init_max_diff"] == 0.0
     assert len(result["losses"]) == STEPS
     assert max_relative_diff(result["losses"], reference["losses"]) <= loss_rtol

@@ -26,7 +26,7 @@ report, test_layout_matches_single_process = parity_tests(2, LAYOUTS)
 
 
 def test_fsdp_holds_half_of_params_grads_and_optimizer_state(report):
-    single, fsdp = report["reference"][False]["memory"], report["fsdp"]["memory"]
+    single, fsdp = report["reference"][("llama3", False)]["memory"], report["fsdp"]["memory"]
     assert fsdp.param_bytes == pytest.approx(single.param_bytes / 2, rel=0.01)
     assert fsdp.grad_bytes == pytest.approx(single.grad_bytes / 2, rel=0.01)
     assert fsdp.optimizer_bytes == pytest.approx(single.optimizer_bytes / 2, rel=0.01)

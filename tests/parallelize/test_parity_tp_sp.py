@@ -20,7 +20,7 @@ report, test_layout_matches_single_process = parity_tests(2, LAYOUTS)
 
 
 def test_tp_splits_the_matrices(report):
-    single, tp = report["reference"][False]["memory"], report["tp_sp"]["memory"]
+    single, tp = report["reference"][("llama3", False)]["memory"], report["tp_sp"]["memory"]
     assert report["tp_sp"]["placements"]["norm.weight"] == "(Replicate(),)"
     # Everything but the (replicated) norm weights is halved.
     assert single.param_bytes / 2 < tp.param_bytes < single.param_bytes / 2 * 1.01

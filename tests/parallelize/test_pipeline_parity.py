@@ -18,13 +18,12 @@ import pytest
 import torch
 
 from dist_harness import run_world
-from dtrain.models.llama3 import Transformer
 from dtrain.parallelize import (
     ParallelDims,
     ParallelizeOptions,
+    get_family,
     init_weights_like_single_device,
     model_fqn,
-    parallelize_llama,
     pipeline_schedule,
 )
 from dtrain.parallelize.mesh import ParallelMesh
@@ -33,7 +32,7 @@ from dtrain.parallelize.pipeline_schedule import build_pipeline
 from dtrain.parallelize.pipeline_split import split_model
 from dtrain.state import TrainState
 from parity_layouts import (
-    ARGS as PARITY_ARGS,
+    FAMILY_ARGS,
     GLOBAL_BATCH,
     LOSS_FN,
     SEED,
@@ -49,7 +48,8 @@ from parity_layouts import (
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 # Four blocks, so that two ranks can hold two stages each with a block in every stage.
-ARGS = replace(PARITY_ARGS, n_layers=4)
+PIPELINE_ARGS = {family: replace(args, n_layers=4) for family, args in FAMILY_ARGS.items()}
+ARGS = PIPELINE_ARGS["llama3"]
 LOSS_RTOL = 1e-5
 
 
@@ -66,6 +66,7 @@ class PipelineLayout:
     layers_per_stage: int | None = None
     resharding_guard: bool = True
     steps: int = STEPS
+    family: str = "llama3"
 
 
 SCHEDULES_2_RANKS = [
@@ -78,6 +79,8 @@ SCHEDULES_2_RANKS = [
     PipelineLayout("interleaved_zero_bubble", "InterleavedZeroBubble"),
     PipelineLayout("zbv_zero_bubble", "ZBVZeroBubble"),
     PipelineLayout("dualpipev", "DualPipeV", microbatch_size=1),
+    PipelineLayout("qwen3_1f1b", "1F1B", family="qwen3"),
+    PipelineLayout("qwen3_zbv_zero_bubble", "ZBVZeroBubble", family="qwen3"),
 ]
 
 
@@ -99,16 +102,17 @@ def pipelined_state(layout: PipelineLayout, world_size: int, meshes: dict) -> tu
         world_size, pp=world_size // (layout.dp_shard * layout.tp), dp_shard=layout.dp_shard, tp=layout.tp
     )
     mesh = mesh_for(dims, meshes)
+    spec, args = get_family(layout.family), PIPELINE_ARGS[layout.family]
     plan = plan_pipeline(
-        pp=dims.pp, schedule=layout.schedule, decoder=Transformer.decoder_layout, n_layers=ARGS.n_layers,
+        pp=dims.pp, schedule=layout.schedule, decoder=spec.model.model_cls.decoder_layout, n_layers=args.n_layers,
         local_batch_size=GLOBAL_BATCH // (dims.dp_size * layout.accumulation), microbatch_size=layout.microbatch_size,
         layers_per_stage=layout.layers_per_stage, ddp=dims.ddp_enabled,
     )
     with torch.device("meta"):
-        model = Transformer(ARGS)
+        model = spec.model.model_cls(args)
     stages = split_model(model, plan, mesh["pp"].get_local_rank())
     for stage in stages:
-        parallelize_llama(stage.module, mesh, dims, ParallelizeOptions())
+        spec.parallelize(stage.module, mesh, dims, ParallelizeOptions())
         stage.module.to_empty(device="cpu")
         init_weights_like_single_device(stage.module, model, SEED)
     guard = contextlib.nullcontext() if layout.resharding_guard else without_resharding_guard()
@@ -128,16 +132,18 @@ def run_pipeline_layout(layout: PipelineLayout, world_size: int, meshes: dict) -
     return {**result, "plan": state.pipeline.plan, "initial": initial}
 
 
-def reference_run() -> dict:
-    """The single-process run of ARGS, with its initial weights."""
-    run, initial = single_process_run(ARGS)
+def reference_run(family: str = "llama3") -> dict:
+    """The single-process run of the family's 4-layer model, with its initial weights."""
+    run, initial = single_process_run(PIPELINE_ARGS[family], family)
     return {**run, "initial": initial}
 
 
 def run_layouts(rank: int, world_size: int, layouts: list[PipelineLayout]) -> dict:
-    """Rank 0's report: the reference run and, per layout, every pp rank's losses (they must agree)."""
+    """Rank 0's report: the reference run of each family and, per layout, every pp rank's losses (they must
+    agree)."""
     # Only rank 0 reports; the other ranks would only compete with it for the cores.
-    report = {"reference": reference_run() if rank == 0 else None}
+    families = {layout.family for layout in layouts}
+    report = {"reference": {family: reference_run(family) for family in families} if rank == 0 else None}
     meshes: dict = {}
     for layout in layouts:
         start = time.perf_counter()
@@ -155,8 +161,9 @@ def report_2_ranks():
     return run_world(2, run_layouts, SCHEDULES_2_RANKS, timeout_s=240)
 
 
-def assert_matches_single_process(report: dict, name: str) -> None:
-    result, reference = report[name], report["reference"]
+def assert_matches_single_process(report: dict, layout: PipelineLayout) -> None:
+    name = layout.name
+    result, reference = report[name], report["reference"][layout.family]
     assert sorted(result["initial"]) == sorted(reference["initial"])  # stages keep the full-model names
     assert max((result["initial"][k] - v).abs().max().item() for k, v in reference["initial"].items()) == 0.0
     assert len(result["losses"]) == STEPS
@@ -170,7 +177,7 @@ def assert_matches_single_process(report: dict, name: str) -> None:
 
 @pytest.mark.parametrize("layout", SCHEDULES_2_RANKS, ids=lambda layout: layout.name)
 def test_schedule_matches_single_process(report_2_ranks, layout):
-    assert_matches_single_process(report_2_ranks, layout.name)
+    assert_matches_single_process(report_2_ranks, layout)
 
 
 def test_schedules_ran_the_planned_stages(report_2_ranks):

@@ -1,4 +1,5 @@
-"""Rotary position embedding (RoPE) with Llama 3.1 frequency scaling, in real arithmetic.
+"""Rotary position embedding (RoPE), optionally with Llama 3.1 frequency scaling, in real arithmetic; shared by
+every family.
 
 Meta's reference multiplies complex numbers; here the same rotation is written with a cos/sin table, because complex
 buffers are awkward under DTensor, bf16 and some compilers. The pairing matches the reference (and torchtitan):
@@ -9,10 +10,38 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 
 import torch
 
-from .args import RopeScaling
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1 RoPE frequency scaling (the ``rope_scaling`` block of the published configs).
+
+    Wavelengths shorter than ``original_max_position_embeddings / high_freq_factor`` keep their frequency, those
+    longer than ``original_max_position_embeddings / low_freq_factor`` are slowed down by ``factor``, and the band in
+    between is interpolated smoothly between the two.
+    """
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.factor <= 0:
+            raise ValueError(f"rope_scaling.factor must be > 0, got {self.factor}")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed "
+                f"rope_scaling.low_freq_factor ({self.low_freq_factor})"
+            )
+        if self.original_max_position_embeddings <= 0:
+            raise ValueError(
+                "rope_scaling.original_max_position_embeddings must be > 0, "
+                f"got {self.original_max_position_embeddings}"
+            )
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:

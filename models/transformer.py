@@ -1,8 +1,13 @@
-"""The Llama 3 transformer in plain single-device PyTorch.
+"""The pre-norm decoder of the Llama family in plain single-device PyTorch, shared by the families built like it.
+
+Llama 3 is this model as it is; Qwen3 adds QK-norm (``qk_norm = True`` on its subclass: an RMSNorm over each
+head's features of the queries and keys, before RoPE) and sets ``head_dim`` and the FFN width freely. The args
+of a family provide ``dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_hidden_dim, vocab_size, norm_eps,
+rope_theta, rope_scaling, max_seq_len, tie_word_embeddings``.
 
 Parameter names (FQNs) are torchtitan's, so checkpoints move between the two projects: ``tok_embeddings``,
-``layers.N.attention.{wq,wk,wv,wo}``, ``layers.N.feed_forward.{w1,w2,w3}``, ``layers.N.attention_norm``,
-``layers.N.ffn_norm``, ``norm``, ``output``.
+``layers.N.attention.{wq,wk,wv,wo}`` (with QK-norm also ``q_norm``, ``k_norm``), ``layers.N.feed_forward.{w1,w2,w3}``,
+``layers.N.attention_norm``, ``layers.N.ffn_norm``, ``norm``, ``output``.
 
 Parallelism is applied from outside (``dtrain.parallelize``), which relies on a few properties kept here:
 - attention derives its number of heads from the projected tensors, never from the args, because under tensor
@@ -18,21 +23,20 @@ generator (the caller seeds it):
 - each block's ``wo``/``w2``/``w3``: std ``0.02 / sqrt(2 * (layer_id + 1))`` (deeper layers start smaller, which
   keeps the residual stream's variance from growing with depth);
 - ``output``: std ``dim ** -0.5``; when tied to the embedding, the shared weight gets the embedding's init;
-- RMSNorm weights: ones.
+- RMSNorm weights (QK-norm too): ones.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import CausalSDPA
-from ..decoder import DecoderLayout
-from .args import Llama3Args
+from .attention import CausalSDPA
+from .decoder import DecoderLayout
 from .rope import apply_rotary_emb, precompute_rope_cache, sequence_positions
 
 BASE_INIT_STD = 0.02
@@ -67,15 +71,21 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     """Grouped-query self-attention: projections, RoPE on queries and keys at their positions, then the inner
-    attention (``dtrain.models.attention``; causal SDPA unless a plan swaps it), then the output projection."""
+    attention (``dtrain.models.attention``; causal SDPA unless a plan swaps it), then the output projection.
 
-    def __init__(self, args: Llama3Args) -> None:
+    With ``qk_norm``, queries and keys are RMS-normalised per head (one weight of ``head_dim`` shared by all heads)
+    right after their projection, before RoPE, as Qwen3 does.
+    """
+
+    def __init__(self, args: Any, qk_norm: bool = False) -> None:
         super().__init__()
         self.head_dim = args.head_dim
         self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
         self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.q_norm = RMSNorm(args.head_dim, eps=args.norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, eps=args.norm_eps) if qk_norm else None
         self.inner_attention = CausalSDPA()
 
     def forward(self, x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
@@ -86,6 +96,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary_emb(q, rope_cache, positions)
         k = apply_rotary_emb(k, rope_cache, positions)
         out = self.inner_attention(q, k, v, positions)
@@ -94,6 +106,9 @@ class Attention(nn.Module):
     def init_weights(self, out_std: float) -> None:
         for linear in (self.wq, self.wk, self.wv):
             _trunc_normal_(linear.weight, BASE_INIT_STD)
+        for norm in (self.q_norm, self.k_norm):
+            if norm is not None:
+                norm.reset_parameters()
         _trunc_normal_(self.wo.weight, out_std)
 
 
@@ -118,10 +133,10 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     """Pre-norm residual block: ``h = x + attention(norm(x))``, ``out = h + feed_forward(norm(h))``."""
 
-    def __init__(self, layer_id: int, args: Llama3Args) -> None:
+    def __init__(self, layer_id: int, args: Any, qk_norm: bool = False) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.attention = Attention(args)
+        self.attention = Attention(args, qk_norm)
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
@@ -139,7 +154,7 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Llama 3: ``tokens [B, S] -> logits [B, S, vocab]`` (the loss lives outside the model).
+    """Llama 3 (and, with QK-norm, Qwen3): ``tokens [B, S] -> logits [B, S, vocab]`` (the loss lives outside).
 
     A pipeline stage is this model with some of ``layers`` deleted and ``tok_embeddings``, ``norm`` or ``output``
     set to None: the forward passes through what exists, so a middle stage maps hidden states to hidden states.
@@ -149,12 +164,16 @@ class Transformer(nn.Module):
     decoder_layout: ClassVar[DecoderLayout] = DecoderLayout(
         embedding="tok_embeddings", blocks="layers", final_norm="norm", head="output"
     )
+    # Subclasses of a family with QK-norm (Qwen3) set this.
+    qk_norm: ClassVar[bool] = False
 
-    def __init__(self, args: Llama3Args) -> None:
+    def __init__(self, args: Any) -> None:
         super().__init__()
         self.args = args
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(i, args) for i in range(args.n_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(i, args, qk_norm=self.qk_norm) for i in range(args.n_layers)}
+        )
         self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_word_embeddings:

@@ -1,0 +1,32 @@
+"""Training FLOPs per token of a pre-norm decoder (models/transformer.py), the numerator of MFU.
+
+Convention (the PaLM/torchtitan one, with causal attention counted once):
+- every weight matrix used in a matmul costs 2 FLOPs per token per parameter forward and 4 backward, so 6 x the
+  matmul parameters: the blocks' attention and feed-forward projections and the output head (also when it is
+  tied to the embedding, since it is still a matmul). The embedding lookup, norms (QK-norm too) and RoPE are not
+  matmuls and are left out;
+- attention scores (q k^T) and the weighted sum of values (p v) each cost 2 * n_heads * head_dim * seq_len FLOPs
+  per token forward over the full square, so 12 * n_layers * n_heads * head_dim * seq_len for forward and
+  backward. A causal mask leaves half of that square to compute, so we count 6 * n_layers * n_heads * head_dim *
+  seq_len (for Llama 3, n_heads * head_dim = dim).
+Recomputation for activation checkpointing is not counted: MFU measures useful work.
+
+Args are any family's with ``dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_hidden_dim, vocab_size``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def matmul_params(args: Any) -> int:
+    """Parameters of all matmul weights: the blocks' projections and the output head (not the embedding)."""
+    q_and_o = 2 * args.dim * args.n_heads * args.head_dim
+    k_and_v = 2 * args.dim * args.n_kv_heads * args.head_dim
+    feed_forward = 3 * args.dim * args.ffn_hidden_dim
+    return args.n_layers * (q_and_o + k_and_v + feed_forward) + args.dim * args.vocab_size
+
+
+def num_flops_per_token(args: Any, seq_len: int) -> int:
+    """Forward + backward FLOPs per trained token at sequence length ``seq_len`` (see the module docstring)."""
+    return 6 * matmul_params(args) + 6 * args.n_layers * args.n_heads * args.head_dim * seq_len

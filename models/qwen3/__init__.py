@@ -1,0 +1,18 @@
+"""The Qwen3 (dense) family: args and flavors, the shared decoder with QK-norm, its FLOP count and HF adapter."""
+
+from ..family import ModelFamily
+from ..flops import num_flops_per_token
+from .args import QWEN3_FLAVORS, Qwen3Args
+from .hf_adapter import Qwen3HFAdapter
+from .model import Qwen3Transformer
+
+QWEN3 = ModelFamily(
+    name="qwen3",
+    model_cls=Qwen3Transformer,
+    args_cls=Qwen3Args,
+    flavors=QWEN3_FLAVORS,
+    flops_per_token=num_flops_per_token,
+    hf_adapter=Qwen3HFAdapter,
+)
+
+__all__ = ["QWEN3", "QWEN3_FLAVORS", "Qwen3Args", "Qwen3HFAdapter", "Qwen3Transformer"]

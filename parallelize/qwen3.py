@@ -1,0 +1,40 @@
+"""Parallelizing the Qwen3 family: Llama 3's plan and order (parallelize/llama3.py) plus its QK-norm.
+
+QK-norm weights scale each head's features of the queries and keys. Under TP the projections hand over this
+rank's heads only, so the norm runs on a tensor sharded over its head dimension (dim 2 of ``[b, s, heads,
+head_dim]``): ``SequenceParallel(sequence_dim=2)`` keeps the weight replicated and makes its gradient a partial
+sum over the TP ranks, whatever sequence parallel does elsewhere.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.tensor.parallel import SequenceParallel
+
+from dtrain.models.qwen3 import QWEN3
+from dtrain.parallelize.family_spec import FamilySpec
+from dtrain.parallelize.llama3 import llama3_tp_plan, llama3_tp_sizes, parallelize_decoder
+from dtrain.parallelize.mesh import ParallelMesh
+from dtrain.parallelize.options import ParallelizeOptions
+from dtrain.parallelize.parallel_dims import ParallelDims
+from dtrain.parallelize.tensor_parallel import TPPlan
+
+
+def qwen3_tp_plan(*, sequence_parallel: bool = True, loss_parallel: bool = True) -> TPPlan:
+    """Module path -> ParallelStyle for a Qwen3 model: Llama 3's, and the QK-norms on this rank's heads."""
+    heads_sharded = SequenceParallel(sequence_dim=2, use_local_output=True)
+    return {
+        **llama3_tp_plan(sequence_parallel=sequence_parallel, loss_parallel=loss_parallel),
+        "layers.*.attention.q_norm": heads_sharded,
+        "layers.*.attention.k_norm": heads_sharded,
+    }
+
+
+def parallelize_qwen3(
+    model: nn.Module, mesh: ParallelMesh | None, dims: ParallelDims, options: ParallelizeOptions
+) -> nn.Module:
+    """Apply TP, activation checkpointing, compile and data parallel to a Qwen3 model, in place."""
+    return parallelize_decoder(model, mesh, dims, options, qwen3_tp_plan)
+
+
+QWEN3_SPEC = FamilySpec(model=QWEN3, parallelize=parallelize_qwen3, tp_plan=qwen3_tp_plan, tp_sizes=llama3_tp_sizes)
