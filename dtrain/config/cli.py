@@ -6,6 +6,7 @@ Accepted forms (hyphens may replace underscores anywhere in the key):
     --compile.components model,loss                 (lists are comma-separated; "" is the empty list)
     --lr_scheduler.decay_ratio none                 (unsets an optional key)
     --config NAME | PATH    --config=NAME           --job.config_file PATH   (torchtitan's spelling)
+    --model.args.n_layers 2                         (an entry of a table; its type is checked where it is used)
 `-h` / `--help` are recorded but not acted on: the entry point prints `format_help` and exits.
 """
 
@@ -42,6 +43,14 @@ def _next_value(argv: Sequence[str], i: int, flag: str, expects: str) -> str:
     if i >= len(argv) or argv[i].startswith("--"):
         raise ConfigError(f"{flag} expects a value ({expects})")
     return argv[i]
+
+
+def _table_entry(key: str) -> tuple[FieldSpec, str] | None:
+    """(the table field, entry name) when `key` is `section.table.entry`, else None."""
+    section, _, rest = key.partition(".")
+    table, _, entry = rest.partition(".")
+    spec = config_fields().get(f"{section}.{table}")
+    return (spec, entry) if spec is not None and spec.kind == "table" and entry else None
 
 
 def _negated_bool(key: str) -> FieldSpec | None:
@@ -88,6 +97,15 @@ def parse_argv(argv: Sequence[str]) -> ParsedArgs:
             continue
 
         spec = specs.get(key)
+        entry = _table_entry(key) if spec is None else None
+        if entry is not None:
+            table, entry_name = entry
+            if not has_value:
+                inline = _next_value(argv, i, flag, "a value")
+                i += 1
+            # Kept as text: the table's user knows each entry's type (and says "none" where it may be unset).
+            parsed.overrides.append((table, {entry_name: inline}))
+            continue
         if spec is None:
             negated = _negated_bool(key)
             if negated is None:

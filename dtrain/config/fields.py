@@ -16,8 +16,9 @@ from typing import Any
 
 from dtrain.config.schema import JobConfig
 
-# The value kinds a field may have. Each maps to one parser (CLI) and one checker (TOML / Python values).
-KINDS = ("bool", "int", "float", "str", "list")
+# The value kinds a field may have. Each maps to one parser (CLI) and one checker (TOML / Python values). A "table"
+# holds key = value pairs checked later against something the schema does not know (the family's model args).
+KINDS = ("bool", "int", "float", "str", "list", "nested_list", "table")
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class FieldSpec:
 
     section: str
     name: str
-    kind: str  # one of KINDS; "list" is always a list of strings
+    kind: str  # one of KINDS; "list" is always a list of strings, "table" a dict of scalars
     optional: bool  # None is a valid value (unset)
     default: Any
     doc: str
@@ -42,6 +43,8 @@ class FieldSpec:
     def type_name(self) -> str:
         """A short human name of the type, as `--help` and the docs show it."""
         base = {"list": "list[str]", "nested_list": "list[list[str]]"}.get(self.kind, self.kind)
+        if self.kind == "table":
+            return "table"
         return f"{base} | none" if self.optional else base
 
 
@@ -62,6 +65,8 @@ def _kind_of(annotation: Any, where: str) -> tuple[str, bool]:
         if typing.get_args(annotation) == (list[str],):
             return "nested_list", optional
         raise TypeError(f"config field {where}: only list[str] and list[list[str]] are supported, got {annotation}")
+    if origin is dict:
+        return "table", optional
     simple = {bool: "bool", int: "int", float: "float", str: "str"}
     if annotation not in simple:
         raise TypeError(f"config field {where}: unsupported type {annotation}")

@@ -36,12 +36,16 @@ def cli_literal(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, list):
         return shlex.quote(",".join(" ".join(item) if isinstance(item, list) else item for item in value))
+    if isinstance(value, dict):
+        return " ".join(f"{name}={cli_literal(item)}" for name, item in value.items()) or "empty"
     return shlex.quote(str(value))
 
 
 def _flag_line(spec: FieldSpec, value: Any) -> str:
     if spec.kind == "bool":
         usage = f"--{spec.key} | --{spec.section}.no_{spec.name}" + (f" | --{spec.key} none" if spec.optional else "")
+    elif spec.kind == "table":
+        usage = f"--{spec.key}.NAME VALUE"
     else:
         base = {"list": "LIST", "nested_list": "LISTS"}.get(spec.kind, spec.kind.upper())
         metavar = "{" + ",".join(str(c) for c in spec.choices) + "}" if spec.choices else base

@@ -94,6 +94,8 @@ def load_config(
     cfg = JobConfig()
     apply_toml(cfg, read_toml(path), str(path))
     for spec, value in parsed.overrides:
+        if spec.kind == "table":  # one entry per flag: merged into what the TOML file gave
+            value = {**getattr(getattr(cfg, spec.section), spec.name), **value}
         setattr(getattr(cfg, spec.section), spec.name, value)
     cfg.job.config_file = str(path)
     # Store the schedule in its canonical spelling so that code downstream can compare names exactly.

@@ -45,6 +45,11 @@ class Model:
     tie_word_embeddings: bool | None = opt(
         None, "Share one weight between the token embedding and the output head; unset = the flavor's choice."
     )
+    args: dict[str, Any] = opt(
+        {},
+        "Overrides of the flavor's shape, checked against the family's args: [model.args] n_layers = 2, or "
+        "--model.args.n_layers 2 (none unsets an optional field).",
+    )
 
 
 @dataclass

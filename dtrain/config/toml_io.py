@@ -1,8 +1,8 @@
 """Reading TOML config files and writing a resolved JobConfig back out as TOML (or a plain dict).
 
-The writer covers exactly the value types the schema allows (bool, int, float, str, list of str) so that its
-output loads back into an equal config; TOML has no null, so unset (None) fields are left out and load back as
-their default, which is None.
+The writer covers exactly the value types the schema allows (bool, int, float, str, lists of str, tables of
+scalars) so that its output loads back into an equal config; TOML has no null, so unset (None) fields are left
+out and load back as their default, which is None.
 """
 
 from __future__ import annotations
@@ -72,14 +72,24 @@ def toml_value(value: Any) -> str:
         return toml_string(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):  # an inline table; its keys are field names (bare TOML keys)
+        return "{" + ", ".join(f"{key} = {toml_value(item)}" for key, item in value.items()) + "}"
     raise TypeError(f"cannot write {type(value).__name__} value {value!r} as TOML")
 
 
 def to_toml(cfg: JobConfig) -> str:
-    """The whole resolved config as TOML: every section and every set key, in schema order."""
+    """The whole resolved config as TOML: every section and every set key, in schema order; a table field
+    (e.g. model.args) follows its section as its own [section.key] table."""
     lines = ["# Resolved dtrain config: defaults, then the TOML file, then command-line overrides."]
     for section, values in config_to_dict(cfg).items():
         lines.append("")
         lines.append(f"[{section}]")
-        lines.extend(f"{key} = {toml_value(value)}" for key, value in values.items() if value is not None)
+        tables = {key: value for key, value in values.items() if isinstance(value, dict)}
+        lines.extend(
+            f"{key} = {toml_value(value)}" for key, value in values.items() if value is not None and key not in tables
+        )
+        for key, table in tables.items():
+            if table:
+                lines.append(f"[{section}.{key}]")
+                lines.extend(f"{name} = {toml_value(value)}" for name, value in table.items() if value is not None)
     return "\n".join(lines) + "\n"

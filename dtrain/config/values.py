@@ -24,6 +24,7 @@ EXPECTS = {
     "str": "a string",
     "list": "a list of strings",
     "nested_list": "a list of lists of strings (or of space-separated strings)",
+    "table": "a table of key = value pairs (TOML [section.key], or --section.key.NAME VALUE)",
 }
 # Python's int() also accepts spaces and underscores; a config integer is plain decimal digits with a sign.
 _INT_TEXT = re.compile(r"[+-]?\d+")
@@ -109,6 +110,12 @@ def coerce_value(spec: FieldSpec, value: Any, source: str | None = None) -> Any:
     elif kind == "list":
         ok = isinstance(value, list) and all(isinstance(item, str) for item in value)
         value = list(value) if ok else value
+    elif kind == "table":
+        # Scalars only; what each entry may be is checked where the table is used (e.g. the family's args).
+        ok = isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, (bool, int, float, str)) for k, v in value.items()
+        )
+        value = dict(value) if ok else value
     elif kind == "nested_list":
         # Each inner list as a TOML list of strings (torchtitan's form) or as one space-separated string.
         ok = isinstance(value, list) and all(

@@ -28,6 +28,7 @@ def _changed_config() -> JobConfig:
     cfg.compile.components = ["loss"]
     cfg.checkpoint.exclude_from_loading = ["optimizer", "a,b"]
     cfg.model.tie_word_embeddings = False
+    cfg.model.args = {"n_layers": 2, "rope_theta": 10000.0, "tie_word_embeddings": True}
     return cfg
 
 
@@ -54,7 +55,8 @@ def test_every_section_and_set_key_is_written_none_omitted():
     plain = config_to_dict(JobConfig())
     assert list(data) == list(plain)
     for section, values in plain.items():
-        assert data[section] == {k: v for k, v in values.items() if v is not None}
+        # Unset keys and empty tables (nothing to override) are left out.
+        assert data[section] == {k: v for k, v in values.items() if v is not None and v != {}}
     assert "decay_ratio" not in data["lr_scheduler"]
 
 

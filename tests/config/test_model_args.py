@@ -1,0 +1,62 @@
+"""`[model.args]` / `--model.args.<field>`: shape overrides, typed and checked against the family's args class."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dtrain.checks import prepare
+from dtrain.config import format_help, to_toml
+from dtrain.errors import ConfigError
+
+
+def test_toml_table_and_flags_merge_flags_last(load, configs_dir: Path):
+    (configs_dir / "small.toml").write_text("[model.args]\nn_layers = 3\ndim = 512\n")
+    cfg = load(["--config", "small", "--model.args.dim", "128", "--model.args.norm_eps=1e-6"])
+    assert cfg.model.args == {"n_layers": 3, "dim": "128", "norm_eps": "1e-6"}  # flags stay text until typed
+    args = prepare(cfg).model_args
+    assert (args.n_layers, args.dim, args.norm_eps) == (3, 128, 1e-6)
+    assert args.n_heads == 8 and args.vocab_size == 320  # the rest: the flavor's, the vocabulary the tokenizer's
+
+
+def test_the_resolved_shape_is_what_config_toml_records_and_rebuilds(load, tmp_path: Path):
+    cfg = load(["--model.args.n_layers", "2", "--model.args.ffn_dim_multiplier", "none"])
+    args = prepare(cfg).model_args
+    assert cfg.model.args["n_layers"] == 2 and cfg.model.args["dim"] == 256 and cfg.model.args["vocab_size"] == 320
+    written = tmp_path / "config.toml"
+    written.write_text(to_toml(cfg))
+    assert "[model.args]\ndim = 256\nn_layers = 2\n" in written.read_text()
+    assert prepare(load(["--config", str(written)])).model_args == args
+
+
+def test_another_family_checks_its_own_fields(load):
+    args = prepare(load(["--model.name", "qwen3", "--model.args.head_dim", "64", "--model.args.n_layers", "2"]))
+    assert (args.model_args.head_dim, args.model_args.n_layers, args.model_args.dim) == (64, 2, 256)
+    with pytest.raises(ConfigError, match=r"unknown key model.args.multiple_of \(qwen3 has dim, n_layers"):
+        prepare(load(["--model.name", "qwen3", "--model.args.multiple_of", "8"]))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model.args.n_layerz", "2"], "unknown key model.args.n_layerz (did you mean model.args.n_layers?)"),
+        (["--model.args.n_layers", "two"], "model.args.n_layers expects an integer, got 'two'"),
+        (["--model.args.n_layers", "0"], "model.args: Llama3Args.n_layers must be > 0, got 0"),
+        (["--model.args.dim", "100"], "model.args: Llama3Args.dim (100) must be divisible by n_heads (8)"),
+        (["--model.args.rope_theta", "fast"], "model.args.rope_theta expects a number, got 'fast'"),
+        (["--model.args.tie_word_embeddings", "maybe"], "model.args.tie_word_embeddings expects a boolean"),
+        (["--model.args.rope_scaling", "x"], "model.args.rope_scaling can only be set to none here"),
+        (["--model.args.vocab_size", "100"], "model.args.vocab_size=100 is smaller than the tokenizer's 258 tokens"),
+    ],
+)
+def test_bad_overrides_are_one_line_errors_naming_the_field(load, argv, message):
+    with pytest.raises(ConfigError) as error:
+        prepare(load(argv))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_table_entry_needs_a_value_and_help_shows_the_form(load):
+    with pytest.raises(ConfigError, match="--model.args.n_layers expects a value"):
+        load(["--model.args.n_layers"])
+    assert "--model.args.NAME VALUE" in format_help()
