@@ -14,6 +14,7 @@ from dtrain.config.schema import JobConfig
 from dtrain.data import build_tokenizer
 from dtrain.distributed import world_size_from_env
 from dtrain.errors import ConfigError
+from dtrain.hf_start import HFStart, hf_start
 from dtrain.layout import check_layout
 from dtrain.model_args import apply_overrides, shape_table, typed_overrides
 from dtrain.models import ModelFamily
@@ -27,23 +28,32 @@ class Prepared:
     model_args: Any
 
 
-def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int):
-    """The flavor's hyperparameters with the `[model.args]` overrides, the vocabulary sized for the tokenizer
-    (unless model.args.vocab_size gives a larger one) and room for seq_len."""
-    if cfg.model.flavor not in family.flavors:
-        valid = ", ".join(family.flavors)
-        raise ConfigError(f"model.flavor '{cfg.model.flavor}' is not a {family.name} flavor (valid: {valid})")
+def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int, start: HFStart | None = None):
+    """The model's hyperparameters: the flavor's with the `[model.args]` overrides, the vocabulary sized for the
+    tokenizer (unless model.args.vocab_size gives a larger one) and room for seq_len; or, when the run starts
+    from a Hugging Face checkpoint with a config.json (`start`), that config's, which nothing may contradict."""
     overrides = typed_overrides(family, cfg.model.args)
-    base = apply_overrides(family, family.flavors[cfg.model.flavor], overrides)
-    multiple = cfg.model.vocab_size_multiple_of
-    vocab_size = -(-tokenizer_vocab // multiple) * multiple
-    if "vocab_size" in overrides:
-        if overrides["vocab_size"] < tokenizer_vocab:
+    if start is not None:
+        base, vocab_size = _agreeing_with(start, overrides, cfg.model.tie_word_embeddings), start.args.vocab_size
+        if vocab_size < tokenizer_vocab:
             raise ConfigError(
-                f"model.args.vocab_size={overrides['vocab_size']} is smaller than the tokenizer's {tokenizer_vocab} "
-                "tokens (valid: at least that, or unset to size it from the tokenizer)"
+                f"{start.source} has vocab_size {vocab_size}, fewer than the tokenizer's {tokenizer_vocab} tokens "
+                "(model.hf_assets_path should hold this checkpoint's tokenizer)"
             )
-        vocab_size = overrides["vocab_size"]
+    else:
+        if cfg.model.flavor not in family.flavors:
+            valid = ", ".join(family.flavors)
+            raise ConfigError(f"model.flavor '{cfg.model.flavor}' is not a {family.name} flavor (valid: {valid})")
+        base = apply_overrides(family, family.flavors[cfg.model.flavor], overrides)
+        multiple = cfg.model.vocab_size_multiple_of
+        vocab_size = -(-tokenizer_vocab // multiple) * multiple
+        if "vocab_size" in overrides:
+            if overrides["vocab_size"] < tokenizer_vocab:
+                raise ConfigError(
+                    f"model.args.vocab_size={overrides['vocab_size']} is smaller than the tokenizer's "
+                    f"{tokenizer_vocab} tokens (valid: at least that, or unset to size it from the tokenizer)"
+                )
+            vocab_size = overrides["vocab_size"]
     tie = base.tie_word_embeddings if cfg.model.tie_word_embeddings is None else cfg.model.tie_word_embeddings
     return apply_overrides(
         family,
@@ -52,13 +62,31 @@ def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int):
     )
 
 
+def _agreeing_with(start: HFStart, overrides: dict[str, Any], tie: bool | None) -> Any:
+    """The config.json's shape, after checking that no explicit setting says otherwise (max_seq_len is the run's
+    to choose: it changes no weight)."""
+    for name, value in overrides.items():
+        if name != "max_seq_len" and getattr(start.args, name) != value:
+            raise ConfigError(
+                f"model.args.{name}={value} contradicts {start.source}, which has {getattr(start.args, name)}"
+            )
+    if tie is not None and tie != start.args.tie_word_embeddings:
+        raise ConfigError(
+            f"model.tie_word_embeddings={str(tie).lower()} contradicts {start.source}, which has "
+            f"tie_word_embeddings {str(start.args.tie_word_embeddings).lower()}"
+        )
+    return start.args
+
+
 def prepare(cfg: JobConfig) -> Prepared:
+    start = hf_start(cfg)
     try:
-        family = get_family(cfg.model.name)
+        family = start.family if start is not None else get_family(cfg.model.name)
     except ValueError as err:
         raise ConfigError(f"model.name: {err}") from None
+    cfg.model.name = family.name
     tokenizer = build_tokenizer(cfg.model)
-    args = model_args(cfg, family.model, tokenizer.vocab_size)
+    args = model_args(cfg, family.model, tokenizer.vocab_size, start)
     # The run's config.toml records the shape it trains, so that it rebuilds the same model by itself.
     cfg.model.args = shape_table(args)
     check_layout(cfg, world_size_from_env(), family, args)

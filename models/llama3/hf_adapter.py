@@ -107,6 +107,8 @@ class Llama3HFAdapter:
     """
 
     family = "llama3"
+    # What a config.json of this family says in "architectures" / "model_type".
+    HF_ARCHITECTURE, HF_MODEL_TYPE = "LlamaForCausalLM", "llama"
     args_from_hf_config = staticmethod(llama3_args_from_hf_config)
     IN_BLOCK = _IN_BLOCK
     CHECKED_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_hidden_dim", "head_dim",
@@ -169,8 +171,8 @@ class Llama3HFAdapter:
                 "original_max_position_embeddings": s.original_max_position_embeddings,
             }
         return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [self.HF_ARCHITECTURE],
+            "model_type": self.HF_MODEL_TYPE,
             **self.decoder_hf_config(dtype),
             "rope_scaling": scaling,
             "mlp_bias": False,

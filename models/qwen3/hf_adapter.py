@@ -42,6 +42,7 @@ class Qwen3HFAdapter(Llama3HFAdapter):
     """Converts one tensor at a time between our Qwen3 FQNs and Qwen3ForCausalLM's safetensors names."""
 
     family = "qwen3"
+    HF_ARCHITECTURE, HF_MODEL_TYPE = "Qwen3ForCausalLM", "qwen3"
     args_from_hf_config = staticmethod(qwen3_args_from_hf_config)
     IN_BLOCK = {
         **_IN_BLOCK,
@@ -54,8 +55,8 @@ class Qwen3HFAdapter(Llama3HFAdapter):
     def hf_config(self, dtype: torch.dtype) -> dict[str, Any]:
         """config.json for Qwen3ForCausalLM with these weights."""
         return {
-            "architectures": ["Qwen3ForCausalLM"],
-            "model_type": "qwen3",
+            "architectures": [self.HF_ARCHITECTURE],
+            "model_type": self.HF_MODEL_TYPE,
             **self.decoder_hf_config(dtype),
             "use_sliding_window": False,
         }

@@ -1,0 +1,63 @@
+"""Starting from a Hugging Face checkpoint: its config.json decides the model family and shape.
+
+With ``checkpoint.initial_load_in_hf`` and a folder that holds a config.json, the run needs no flavor: the family
+comes from the config's ``architectures`` (or ``model_type``) and the shape (layers, heads, widths, RoPE and its
+scaling, tying, vocabulary) from the rest. A ``model.name`` or ``[model.args]`` value that contradicts it is
+refused in one line rather than loaded into the wrong model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dtrain.checkpoint.hf_io import CONFIG_FILE, read_hf_config
+from dtrain.config.schema import JobConfig, Model
+from dtrain.errors import ConfigError, DtrainError
+from dtrain.parallelize import FAMILIES, FamilySpec
+
+
+@dataclass(frozen=True)
+class HFStart:
+    """The family and shape a Hugging Face config.json describes, and where it was read (for messages)."""
+
+    family: FamilySpec
+    args: Any
+    source: str
+
+
+def _family_of(config: dict[str, Any], source: str) -> FamilySpec:
+    architecture = (config.get("architectures") or [None])[0]
+    for spec in FAMILIES.values():
+        adapter = spec.model.hf_adapter
+        if architecture == adapter.HF_ARCHITECTURE or (architecture is None and
+                                                       config.get("model_type") == adapter.HF_MODEL_TYPE):
+            return spec
+    known = ", ".join(spec.model.hf_adapter.HF_ARCHITECTURE for spec in FAMILIES.values())
+    described = architecture or config.get("model_type") or "no architecture"
+    raise ConfigError(f"{source} describes {described}, which no model family reads (valid: {known})")
+
+
+def hf_start(cfg: JobConfig) -> HFStart | None:
+    """The family and shape of the HF checkpoint this run starts from, or None when it starts otherwise (or the
+    folder has no config.json, in which case the flavor decides, as before)."""
+    c = cfg.checkpoint
+    if not (c.initial_load_in_hf and c.initial_load_path):
+        return None
+    path = Path(c.initial_load_path)
+    try:
+        config = read_hf_config(path)
+    except DtrainError as err:
+        raise ConfigError(str(err)) from None
+    if config is None:
+        return None
+    source = str((path if path.is_dir() else path.parent) / CONFIG_FILE)
+    family = _family_of(config, source)
+    if cfg.model.name not in (Model().name, family.name):
+        raise ConfigError(f"model.name={cfg.model.name} contradicts {source}, a {family.name} model")
+    try:
+        args = family.model.hf_adapter.args_from_hf_config(config)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"{source} is not a readable {family.name} config ({type(err).__name__}: {err})") from None
+    return HFStart(family, args, source)
