@@ -28,14 +28,13 @@ class HFStart:
 
 
 def _family_of(config: dict[str, Any], source: str) -> FamilySpec:
-    architecture = (config.get("architectures") or [None])[0]
+    architecture, model_type = (config.get("architectures") or [None])[0], config.get("model_type")
     for spec in FAMILIES.values():
         adapter = spec.model.hf_adapter
-        if architecture == adapter.HF_ARCHITECTURE or (architecture is None and
-                                                       config.get("model_type") == adapter.HF_MODEL_TYPE):
+        if architecture == adapter.HF_ARCHITECTURE or (architecture is None and model_type == adapter.HF_MODEL_TYPE):
             return spec
     known = ", ".join(spec.model.hf_adapter.HF_ARCHITECTURE for spec in FAMILIES.values())
-    described = architecture or config.get("model_type") or "no architecture"
+    described = architecture or model_type or "no architecture"
     raise ConfigError(f"{source} describes {described}, which no model family reads (valid: {known})")
 
 

@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any
 
-from dtrain.config.values import NONE_WORD, parse_bool_word, show_value
+from dtrain.config.values import INT_TEXT, NONE_WORD, parse_bool_word, show_value
 from dtrain.errors import ConfigError
 from dtrain.models import ModelFamily
 
@@ -42,7 +42,7 @@ def _typed(key: str, annotation: Any, value: Any) -> Any:
     if kind is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if text is not None and text.lstrip("+-").isdigit():
+        if text is not None and INT_TEXT.fullmatch(text):
             return int(text)
         raise ConfigError(f"{key} expects an integer{' or none' if optional else ''}, got {show_value(value)}")
     if kind is float:

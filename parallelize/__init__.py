@@ -2,7 +2,7 @@
 
 Typical use (the trainer's order):
 
-    spec = get_family("llama3")                                             # model family + its plan, by name
+    spec = get_family(cfg.model.name)                                       # model family + its plan, by name
     dims = ParallelDims(world_size, dp_replicate, dp_shard, tp, ...)        # validates, before any process group
     spec.check_shapes(dims, args, seq_len)                                   # TP divides heads, FFN, vocab, ...
     accumulation = dims.gradient_accumulation_steps(local_batch_size, global_batch_size)
@@ -30,7 +30,6 @@ from dtrain.parallelize.errors import ParallelismError
 from dtrain.parallelize.families import FAMILIES, get_family
 from dtrain.parallelize.family_spec import FamilySpec
 from dtrain.parallelize.init import init_weights_like_single_device, init_weights_sharded, model_fqn
-from dtrain.parallelize.llama3 import llama3_tp_plan, parallelize_llama
 from dtrain.parallelize.memory import MemoryFootprint, memory_footprint
 from dtrain.parallelize.mesh import MESH_DIM_NAMES, ParallelMesh, build_mesh, fsdp_mesh
 from dtrain.parallelize.options import ParallelizeOptions
@@ -69,12 +68,10 @@ __all__ = [
     "get_family",
     "init_weights_like_single_device",
     "init_weights_sharded",
-    "llama3_tp_plan",
     "local_loss",
     "loss_parallel_context",
     "memory_footprint",
     "model_fqn",
-    "parallelize_llama",
     "start_compile_trace",
     "stop_compile_trace",
 ]

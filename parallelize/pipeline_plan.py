@@ -106,7 +106,7 @@ class PipelinePlan:
 
 
 def compact_names(modules: Sequence[str], decoder: DecoderLayout) -> str:
-    """``tok_embeddings, layers.0-3, norm`` rather than every block spelled out."""
+    """A run of consecutive blocks as one range (for Llama 3 ``tok_embeddings, layers.0-3, norm``)."""
     parts: list[str] = []
     run: list[int] = []  # consecutive layer indices not yet written
 

@@ -32,7 +32,7 @@ class StageModule:
 
 
 def cut_stage(model: nn.Module, modules: tuple[str, ...]) -> nn.Module:
-    """A copy of `model` holding only `modules` (full-model names, e.g. tok_embeddings, layers.N, norm, output)."""
+    """A copy of `model` holding only `modules` (full-model names from its decoder layout)."""
     decoder = decoder_layout(model)
     stage = copy.deepcopy(model)
     owned = set(modules)

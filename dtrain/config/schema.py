@@ -32,7 +32,7 @@ class Job:
 @dataclass
 class Model:
     name: str = opt("llama3", "Model family.", choices=tuple(FAMILIES))
-    flavor: str = opt("debugmodel", "Size preset of the family (llama3: debugmodel, 1B, 3B, 8B, 70B, 405B; qwen3: debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B).")
+    flavor: str = opt("debugmodel", "Size preset of the family (each family's are listed in docs/models.md and in the error for an unknown one).")
     tokenizer: str = opt(
         "auto",
         "Tokenizer kind; auto = byte-level when hf_assets_path is empty, else tokenizer.json or tokenizer.model there.",
@@ -134,7 +134,7 @@ class Parallelism:
     )
     module_fqns_per_model_part: list[list[str]] = opt(
         [],
-        "Explicit pipeline split, the module names of each stage: [[\"tok_embeddings\", \"layers.0\"], "
+        "Explicit pipeline split, the module names of each stage, e.g. for Llama 3: [[\"tok_embeddings\", \"layers.0\"], "
         "[\"layers.1\", \"norm\", \"output\"]]; on the command line 'tok_embeddings layers.0,layers.1 norm output'. "
         "Empty = split evenly.",
     )

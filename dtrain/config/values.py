@@ -27,7 +27,7 @@ EXPECTS = {
     "table": "a table of key = value pairs (TOML [section.key], or --section.key.NAME VALUE)",
 }
 # Python's int() also accepts spaces and underscores; a config integer is plain decimal digits with a sign.
-_INT_TEXT = re.compile(r"[+-]?\d+")
+INT_TEXT = re.compile(r"[+-]?\d+")
 
 
 def _in(source: str | None) -> str:
@@ -68,7 +68,7 @@ def parse_cli_value(spec: FieldSpec, text: str) -> Any:
         if value is None:
             raise _type_error(spec, text, None, "true/false, 1/0 or yes/no", or_none)
     elif spec.kind == "int":
-        if not _INT_TEXT.fullmatch(text.strip()):
+        if not INT_TEXT.fullmatch(text.strip()):
             raise _type_error(spec, text, None, or_none=or_none)
         value = int(text)
     elif spec.kind == "float":

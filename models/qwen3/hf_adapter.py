@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..llama3.hf_adapter import _IN_BLOCK, Llama3HFAdapter, rope_config
+from ..llama3.hf_adapter import Llama3HFAdapter, rope_config
 from .args import Qwen3Args
 
 
@@ -45,7 +45,7 @@ class Qwen3HFAdapter(Llama3HFAdapter):
     HF_ARCHITECTURE, HF_MODEL_TYPE = "Qwen3ForCausalLM", "qwen3"
     args_from_hf_config = staticmethod(qwen3_args_from_hf_config)
     IN_BLOCK = {
-        **_IN_BLOCK,
+        **Llama3HFAdapter.IN_BLOCK,
         "attention.q_norm.weight": "self_attn.q_norm.weight",
         "attention.k_norm.weight": "self_attn.k_norm.weight",
     }

@@ -27,8 +27,8 @@ from dtrain.parallelize import (
     init_weights_like_single_device,
     local_loss,
     loss_parallel_context,
-    parallelize_llama,
 )
+from dtrain.parallelize.llama3 import parallelize_llama
 from dtrain.step import cross_entropy_sum
 
 STEPS, SAVED_STEP = 6, 4

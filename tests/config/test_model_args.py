@@ -42,6 +42,7 @@ def test_another_family_checks_its_own_fields(load):
     [
         (["--model.args.n_layerz", "2"], "unknown key model.args.n_layerz (did you mean model.args.n_layers?)"),
         (["--model.args.n_layers", "two"], "model.args.n_layers expects an integer, got 'two'"),
+        (["--model.args.n_layers", "+-2"], "model.args.n_layers expects an integer, got '+-2'"),
         (["--model.args.n_layers", "0"], "model.args: Llama3Args.n_layers must be > 0, got 0"),
         (["--model.args.dim", "100"], "model.args: Llama3Args.dim (100) must be divisible by n_heads (8)"),
         (["--model.args.rope_theta", "fast"], "model.args.rope_theta expects a number, got 'fast'"),

@@ -19,13 +19,12 @@ from dtrain.parallelize import (
     format_tp_plan,
     init_weights_like_single_device,
     init_weights_sharded,
-    llama3_tp_plan,
     local_loss,
     loss_parallel_context,
     memory_footprint,
     model_fqn,
-    parallelize_llama,
 )
+from dtrain.parallelize.llama3 import llama3_tp_plan, parallelize_llama
 
 ARGS = Llama3Args(dim=32, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=16, max_seq_len=8)
 aten = torch.ops.aten
