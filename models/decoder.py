@@ -9,7 +9,9 @@ What a family's model class promises besides the names:
   parameters' names) when others are deleted;
 - the embedding, the final norm and the head may be set to ``None`` and the forward then passes through what is
   left: a pipeline stage is the model with the parts other stages own removed;
-- a head that shares its weight with the embedding (tied) shares the very parameter object.
+- a head that shares its weight with the embedding (tied) shares the very parameter object;
+- ``init_buffers(device)`` computes the buffers that come from the args and no checkpoint (the RoPE table), so a
+  model built on the meta device and then loaded from a checkpoint needs no random initialisation.
 """
 
 from __future__ import annotations

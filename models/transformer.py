@@ -204,11 +204,8 @@ class Transformer(nn.Module):
         parameters are offloaded to the CPU.
         """
         args = self.args
-        device = buffer_device if buffer_device is not None else self.rope_cache.device
+        self.init_buffers(buffer_device)
         with torch.no_grad():
-            self.rope_cache = precompute_rope_cache(
-                args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling, device
-            )
             if self.tok_embeddings is not None:
                 _trunc_normal_(self.tok_embeddings.weight, BASE_INIT_STD)
             for layer in self.layers.values():
@@ -221,6 +218,15 @@ class Transformer(nn.Module):
                     _trunc_normal_(self.output.weight, args.dim**-0.5)
                 elif self.tok_embeddings is None:
                     _trunc_normal_(self.output.weight, BASE_INIT_STD)
+
+    def init_buffers(self, buffer_device: torch.device | str | None = None) -> None:
+        """Compute the buffers that are functions of the args, not weights (the RoPE table), on
+        ``buffer_device`` (default: where they are now); what a model needs besides loaded weights."""
+        args = self.args
+        device = buffer_device if buffer_device is not None else self.rope_cache.device
+        self.rope_cache = precompute_rope_cache(
+            args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling, device
+        )
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Transformer:
         # Converting parameters one module at a time (to_empty, and .to() across incompatible devices) gives the
