@@ -3,8 +3,8 @@
 Both are context managers that yield an object whose ``step()`` the loop calls once after every train step; when
 the feature is disabled they yield a stepper that does nothing, so the loop has no branches::
 
-    with maybe_profile(cfg, dump_folder, rank, start_step) as profiler, \\
-         maybe_memory_snapshot(cfg, dump_folder, rank, device, start_step) as memory_snapshot:
+    with maybe_profile(cfg.profiling, dump_folder, rank, start_step) as profiler, \\
+         maybe_memory_snapshot(cfg.profiling, dump_folder, rank, device, start_step) as memory_snapshot:
         for step in ...:
             train_step(...)
             profiler.step()
@@ -30,7 +30,7 @@ from typing import Iterator
 import torch
 from torch.profiler import ProfilerActivity
 
-from dtrain.config.schema import JobConfig, Profiling
+from dtrain.config.schema import Profiling
 from dtrain.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def _check_memory_snapshot_device(profiling: Profiling, device: torch.device) ->
 
 
 def maybe_profile(
-    cfg: JobConfig, dump_folder: str | os.PathLike, rank: int, start_step: int = 0
+    profiling: Profiling, dump_folder: str | os.PathLike, rank: int, start_step: int = 0
 ) -> AbstractContextManager[torch.profiler.profile | NoOpStepper]:
     """A torch.profiler recording one window every profile_freq steps, or a no-op when profiling is off.
 
@@ -82,7 +82,6 @@ def maybe_profile(
     include CPU activity always and CUDA kernels when CUDA is available. Raises ConfigError at once (not on
     entering) when the window does not fit in profile_freq.
     """
-    profiling = cfg.profiling
     if not profiling.enable_profiling:
         return nullcontext(NoOpStepper())
     _check_profiler_window(profiling)
@@ -154,14 +153,13 @@ class MemorySnapshotter:
 
 
 def maybe_memory_snapshot(
-    cfg: JobConfig, dump_folder: str | os.PathLike, rank: int, device: torch.device, start_step: int = 0
+    profiling: Profiling, dump_folder: str | os.PathLike, rank: int, device: torch.device, start_step: int = 0
 ) -> AbstractContextManager[MemorySnapshotter | NoOpStepper]:
     """CUDA allocator history with a snapshot every profile_freq steps, or a no-op when snapshots are off.
 
     Enter it before building the model to see the model's own allocations in the snapshot. Raises ConfigError at
     once (before training) when snapshots are asked for on a device other than CUDA.
     """
-    profiling = cfg.profiling
     if not profiling.enable_memory_snapshot:
         return nullcontext(NoOpStepper())
     _check_memory_snapshot_device(profiling, device)

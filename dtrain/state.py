@@ -10,9 +10,8 @@ schedule only its position is kept (its per-group lists would change length with
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -27,6 +26,9 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from dtrain.optim import OptimizersContainer
 
+if TYPE_CHECKING:  # the executors import the parallelize package; the state itself needs none of it
+    from dtrain.step_executor import StepExecutor
+
 # Optimizer state keyed "state.<param fqn>.<name>" / "param_groups.<param fqn>.<name>": no layout-dependent indices.
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 # Each model part holds only its own keys of the merged model dict (pipeline stages), hence strict=False.
@@ -35,24 +37,24 @@ PART = StateDictOptions(strict=False)
 
 @dataclass
 class TrainState(Stateful):
-    """The training state. `model_parts` is a list so that pipeline stages (several parts per rank) fit as is."""
+    """The training state. `model_parts` is a list so that pipeline stages (several parts per rank) fit as is.
+
+    `executor` is how the step runs forward, backward and clipping on this layout (chosen once, never saved).
+    """
 
     model_parts: list[nn.Module]
     optimizer: OptimizersContainer
     lr_scheduler: torch.optim.lr_scheduler.LambdaLR
     dataloader: Stateful
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    executor: StepExecutor
     seed: int
     max_norm: float
     step: int = 0
     tokens_seen: int = 0
-    # How the step talks to the rest of the world; set by the trainer from the parallel layout.
+    # How the step talks to the rest of the world; set by the trainer from the rank's coordinates in the layout.
     dp_size: int = 1
     rng_coords: tuple = ()
     reduce_over_dp: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda t: t)
-    loss_context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
-    # With pipeline parallelism the schedule runs forward and backward over this rank's stages.
-    pipeline: Any = None
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -7,6 +7,7 @@ fetches a batch, calls `train_step` and hands the returned tensors to the metric
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 from pathlib import Path
@@ -19,49 +20,49 @@ from dtrain.checkpoint import CheckpointManager, PreemptionWatcher
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_dataloader
 from dtrain.distributed import World, init_world
-from dtrain.layout import Layout, build_layout
+from dtrain.layout import ParallelLayout, build_layout
+from dtrain.layout_report import compute_dtype, describe_layout, log_memory, log_parallel_plans, whole_metrics
 from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.metrics import MetricsLogger
+from dtrain.model_builder import build_model_parts
 from dtrain.models import ModelFamily, count_params
 from dtrain.optim import build_optimizers
+from dtrain.parallelize import FamilySpec
 from dtrain.profiling import maybe_memory_snapshot, maybe_profile
 from dtrain.rng import set_determinism
+from dtrain.run_lock import locked_run_folder
 from dtrain.state import TrainState
 from dtrain.step import cross_entropy_sum, train_step
+from dtrain.step_executor import build_step_executor
 
 logger = logging.getLogger("dtrain")
 
 
-def build_train_state(cfg: JobConfig, world: World, layout: Layout, family: ModelFamily, args, tokenizer) -> TrainState:
-    """Model parts (meta → parallelized → materialized → initialised), optimizer, schedule and data, as one state."""
-    with torch.device("meta"):
-        model = family.model_cls(args)
-    model_parts = layout.parallelize(model)
-    for part in model_parts:
-        part.to_empty(device=world.device)
-        part.train()
-    layout.init_weights(model_parts, seed=cfg.debug.seed)
-
+def build_train_state(
+    cfg: JobConfig, world: World, layout: ParallelLayout, family: FamilySpec, args, tokenizer
+) -> TrainState:
+    """Model parts (meta → parallelized → materialized → initialised), optimizer, schedule, data and the executor
+    of this layout, as one state."""
+    stages = build_model_parts(family, args, layout, world.device, seed=cfg.debug.seed)
+    model_parts = [stage.module for stage in stages]
     optimizer = build_optimizers(model_parts, cfg.optimizer, world.device)
     lr_scheduler = build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler)
-    dataloader = build_dataloader(cfg, tokenizer, layout.dp_rank, layout.dp_size)
+    rank = layout.rank
+    dataloader = build_dataloader(cfg.training, tokenizer, rank.dp_rank, rank.dp_size, seed=cfg.debug.seed)
     loss_fn = cross_entropy_sum
     if cfg.compile.enable and "loss" in cfg.compile.components:
         loss_fn = torch.compile(loss_fn, backend=cfg.compile.backend)
-    loss_fn = layout.wrap_loss(loss_fn)
     return TrainState(
         model_parts=model_parts,
         optimizer=optimizer,
         lr_scheduler=lr_scheduler,
         dataloader=dataloader,
-        loss_fn=loss_fn,
+        executor=build_step_executor(family, layout, stages, loss_fn, world.device),
         seed=cfg.debug.seed,
         max_norm=cfg.training.max_norm,
-        dp_size=layout.dp_size,
-        rng_coords=layout.rng_coords,
-        reduce_over_dp=layout.reduce_over_dp,
-        loss_context=layout.loss_context,
-        pipeline=layout.build_pipeline(loss_fn, world.device),
+        dp_size=rank.dp_size,
+        rng_coords=rank.rng_coords,
+        reduce_over_dp=rank.reduce_over_dp,
     )
 
 
@@ -71,23 +72,23 @@ def whole_model_params(family: ModelFamily, args) -> int:
         return count_params(family.model_cls(args))
 
 
-def write_run_files(cfg: JobConfig, world: World) -> Path:
-    """Create the run directory and write the resolved config into it (rank 0 only)."""
-    run_dir = Path(cfg.job.dump_folder)
+def write_run_files(cfg: JobConfig, world: World, run_dir: Path) -> None:
+    """Write the resolved config into the run directory (rank 0 only)."""
     if world.rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(to_toml(cfg))
-    return run_dir
 
 
 def train(cfg: JobConfig, prepared: Prepared) -> None:
     """Run the configured training to completion, starting from what `checks.prepare` resolved."""
     family, tokenizer, args = prepared.family, prepared.tokenizer, prepared.model_args
-    with init_world() as world:
+    with contextlib.ExitStack() as stack:
+        world = stack.enter_context(init_world())
+        # Locked before anything is built or written: a second launch into a live run's folder ends here.
+        run_dir = stack.enter_context(locked_run_folder(Path(cfg.job.dump_folder), world.rank, world.distributed))
         layout = build_layout(cfg, world, family, args)
         set_determinism(cfg.debug.deterministic)
-        state = build_train_state(cfg, world, layout, family.model, args, tokenizer)
-        run_dir = write_run_files(cfg, world)
+        state = build_train_state(cfg, world, layout, family, args, tokenizer)
+        write_run_files(cfg, world, run_dir)
         checkpoints = CheckpointManager(cfg, run_dir, world.rank, world.world_size, state, model_args=args)
         if cfg.checkpoint.create_seed_checkpoint:
             checkpoints.save_seed_checkpoint()
@@ -98,20 +99,22 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             cfg.training.local_batch_size, cfg.training.global_batch_size
         )
         metrics = MetricsLogger(
-            cfg,
+            cfg.metrics,
+            run_dir,
+            cfg.training.steps,
             rank=world.rank,
             world_size=world.world_size,
             num_flops_per_token=family.model.flops_per_token(args, cfg.training.seq_len),
             device=world.device,
-            dtype=layout.compute_dtype,
+            dtype=compute_dtype(layout),
         )
         logger.info(
             "model %s %s: %.3fM parameters; %s; %d microbatch(es) of %d x %d per step on each of %d dp rank(s)",
-            cfg.model.name, cfg.model.flavor, whole_model_params(family.model, args) / 1e6, layout.describe(),
-            accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.dp_size,
+            cfg.model.name, cfg.model.flavor, whole_model_params(family.model, args) / 1e6, describe_layout(layout),
+            accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.rank.dp_size,
         )
-        layout.log_plan()
-        preempted = run_loop(cfg, world, layout, state, run_dir, checkpoints, metrics, accumulation)
+        log_parallel_plans(family, layout)
+        preempted = run_loop(cfg, world, state, run_dir, checkpoints, metrics, accumulation)
         if preempted:
             logger.info("stopped at step %d on a preemption signal; rerun the same command to resume", state.step)
         else:
@@ -121,7 +124,6 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
 def run_loop(
     cfg: JobConfig,
     world: World,
-    layout: Layout,
     state: TrainState,
     run_dir: Path,
     checkpoints: CheckpointManager,
@@ -139,16 +141,16 @@ def run_loop(
     preemption = PreemptionWatcher(world.world_size)
     try:
         with (
-            maybe_profile(cfg, run_dir, world.rank, start_step=state.step) as profiler,
-            maybe_memory_snapshot(cfg, run_dir, world.rank, world.device, start_step=state.step) as snapshot,
+            maybe_profile(cfg.profiling, run_dir, world.rank, start_step=state.step) as profiler,
+            maybe_memory_snapshot(cfg.profiling, run_dir, world.rank, world.device, start_step=state.step) as snapshot,
         ):
             while state.step < cfg.training.steps and not stop:
                 batch = [to_device(next(data), world.device) for _ in range(accumulation)]
                 step_metrics = train_step(state, batch)
                 if state.step == start_step + 1:
-                    log_after_first_step(cfg, layout, state)
+                    log_after_first_step(cfg, state)
                 if metrics.should_log(state.step):
-                    metrics.log(state.step, layout.local_metrics(step_metrics), state.tokens_seen - logged_tokens)
+                    metrics.log(state.step, whole_metrics(step_metrics), state.tokens_seen - logged_tokens)
                     logged_tokens = state.tokens_seen
                 # All ranks agree on the signal, so they save the same step and stop together.
                 stop = preemption.should_stop(state.step)
@@ -165,9 +167,9 @@ def run_loop(
     return stop
 
 
-def log_after_first_step(cfg: JobConfig, layout, state: TrainState) -> None:
+def log_after_first_step(cfg: JobConfig, state: TrainState) -> None:
     """What only exists once a step has run: optimizer state (memory evidence) and compiled graphs."""
-    layout.log_memory(state.model_parts, state.optimizer)
+    log_memory(state.model_parts, state.optimizer)
     if cfg.compile.enable:
         from dtrain.parallelize import compile_report, stop_compile_trace
 

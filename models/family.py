@@ -7,9 +7,31 @@ with the family's parallelize plan into the spec the trainer looks up by name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
+import torch
 from torch import nn
+
+
+class WeightSpelling(Protocol):
+    """Another way a checkpoint may name (and lay out) a family's weights, e.g. a newer torchtitan's.
+
+    A spelling renames, and may reorder a tensor's elements, but never changes a shape.
+    """
+
+    writer: str  # who writes checkpoints spelled so, for the log
+
+    def stored_name(self, fqn: str) -> str:
+        """The checkpoint's key for our parameter `fqn`."""
+
+    def to_ours(self, fqn: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """How the whole stored tensor of `fqn` becomes ours; None when it already is (it then loads straight
+        into this rank's shards)."""
+
+
+def no_other_spellings(args: Any) -> tuple[WeightSpelling, ...]:
+    """For a family whose checkpoints only ever use our names."""
+    return ()
 
 
 @dataclass(frozen=True)
@@ -19,7 +41,8 @@ class ModelFamily:
     ``model_cls(args)`` builds a model that keeps the decoder protocol (``dtrain.models.decoder``);
     ``flops_per_token(args, seq_len)`` is the training FLOPs per token, for MFU; ``hf_adapter(args)`` converts its
     weights and config.json to and from Hugging Face's (``hf_name``, ``to_hf``, ``from_hf``, ``hf_config``,
-    ``check_hf_config``, and ``args_from_hf_config`` on the class).
+    ``check_hf_config``, and ``args_from_hf_config`` on the class); ``checkpoint_spellings(args)`` are the other
+    names a DCP checkpoint may give its weights, tried in order when an initial load does not find ours.
     """
 
     name: str
@@ -28,3 +51,4 @@ class ModelFamily:
     flavors: dict[str, Any]
     flops_per_token: Callable[[Any, int], int]
     hf_adapter: type
+    checkpoint_spellings: Callable[[Any], tuple[WeightSpelling, ...]] = no_other_spellings

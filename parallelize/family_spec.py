@@ -10,13 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from dtrain.models.family import ModelFamily
+from dtrain.parallelize.errors import ParallelismError
 from dtrain.parallelize.mesh import ParallelMesh
 from dtrain.parallelize.options import ParallelizeOptions
 from dtrain.parallelize.parallel_dims import ParallelDims
 from dtrain.parallelize.tensor_parallel import TPPlan
+
+# A term added to a microbatch's training objective, read from this rank's model parts after their forward.
+ExtraLoss = Callable[[list[nn.Module]], torch.Tensor | None]
+# Work on this rank's model parts after every optimizer step.
+OptimizerStepHook = Callable[[list[nn.Module]], None]
 
 
 @dataclass(frozen=True)
@@ -28,12 +35,26 @@ class FamilySpec:
       model or a pipeline stage (the pipeline split itself is shared, through the decoder protocol);
     - ``tp_plan(sequence_parallel=, loss_parallel=)``: the tensor-parallel plan, as data, for the log;
     - ``tp_sizes(args)``: every size tensor parallel must divide, by the config key (or description) to name.
+
+    Optional step hooks (None: the family needs none). Both run inside ``train_step``, so they must not read
+    tensors on the host (no ``.item()``, no ``if tensor``):
+
+    - ``extra_loss(model_parts)``: a term added to the objective after each microbatch's forward (e.g. a MoE
+      auxiliary load-balancing loss from statistics the routers kept during that forward), or None for none this
+      time. It is weighted so that it counts once per optimizer step (the mean over the step's microbatches, and
+      over the data-parallel ranks through the gradient average); the reported loss stays the cross-entropy
+      alone. Not supported under pipeline parallelism (``check_hooks``): the term would span stages that the
+      schedule runs apart.
+    - ``after_optimizer_step(model_parts)``: called right after every optimizer step, before the gradients are
+      cleared (e.g. DeepSeek-V3's loss-free load balancing, which moves each expert's routing bias by its load).
     """
 
     model: ModelFamily
     parallelize: Callable[[nn.Module, ParallelMesh | None, ParallelDims, ParallelizeOptions], nn.Module]
     tp_plan: Callable[..., TPPlan]
     tp_sizes: Callable[[Any], dict[str, int]]
+    extra_loss: ExtraLoss | None = None
+    after_optimizer_step: OptimizerStepHook | None = None
 
     @property
     def name(self) -> str:
@@ -42,3 +63,11 @@ class FamilySpec:
     def check_shapes(self, dims: ParallelDims, args: Any, seq_len: int) -> None:
         """A one-line ParallelismError when the degrees cannot split this model's shapes."""
         dims.check_tp_divides(self.tp_sizes(args), seq_len)
+
+    def check_hooks(self, dims: ParallelDims) -> None:
+        """A one-line ParallelismError when this layout cannot run the family's step hooks."""
+        if self.extra_loss is not None and dims.pp > 1:
+            raise ParallelismError(
+                f"model family {self.name} adds an extra loss term, which pipeline parallelism does not support "
+                f"yet; set parallelism.pipeline_parallel_degree = 1 (got {dims.pp})"
+            )

@@ -128,7 +128,7 @@ def build_pipeline(
 ) -> Pipeline:
     """The schedule over this rank's (parallelized, materialized) stages, communicating over `pp_group`.
 
-    `loss_fn(output, labels)` is the trainer's summed loss (``state.loss_fn``).
+    `loss_fn(output, labels)` is the trainer's summed loss (as ``build_step_executor`` gets it).
     """
     pp_rank, pp_size = dist.get_rank(pp_group), dist.get_world_size(pp_group)
     if pp_size != plan.pp or tuple(s.index for s in stages) != plan.stage_indices(pp_rank):

@@ -34,6 +34,7 @@ from dtrain.models.llama3 import Llama3Args, Transformer
 from dtrain.optim import build_optimizers
 from dtrain.state import TrainState
 from dtrain.step import cross_entropy_sum, train_step
+from dtrain.step_executor import LocalExecutor
 
 
 @dataclass
@@ -53,8 +54,8 @@ def build_state(args: Llama3Args, cfg: JobConfig, device: torch.device) -> Train
         model_parts=[model],
         optimizer=optimizer,
         lr_scheduler=build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler),
-        dataloader=build_dataloader(cfg, build_tokenizer(cfg.model), 0, 1),
-        loss_fn=cross_entropy_sum,
+        dataloader=build_dataloader(cfg.training, build_tokenizer(cfg.model), 0, 1, seed=cfg.debug.seed),
+        executor=LocalExecutor(cross_entropy_sum),
         seed=cfg.debug.seed,
         max_norm=cfg.training.max_norm,
     )

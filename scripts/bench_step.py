@@ -25,6 +25,7 @@ from dtrain.parallelize import get_family
 from dtrain.optim import build_optimizer, build_optimizers
 from dtrain.state import TrainState
 from dtrain.step import cross_entropy_sum, train_step
+from dtrain.step_executor import LocalExecutor
 
 
 class FixedBatchData:
@@ -69,7 +70,7 @@ def dtrain_loop(model, batch, steps, max_norm, opt_cfg, sched_cfg, device):
         optimizer=optimizer,
         lr_scheduler=build_lr_scheduler(optimizer, 10**6, sched_cfg),
         dataloader=FixedBatchData(),
-        loss_fn=cross_entropy_sum,
+        executor=LocalExecutor(cross_entropy_sum),
         seed=0,
         max_norm=max_norm,
     )

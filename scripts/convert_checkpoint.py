@@ -80,9 +80,7 @@ def from_hf(opts) -> None:
 
 
 def to_torch(opts) -> None:
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    dcp_to_torch_save(opts.checkpoint, opts.out)
+    torch.save(dcp_io.read_whole_state(opts.checkpoint), opts.out)
     print(f"wrote {opts.out}; read it with torch.load(path, weights_only=True)")
 
 

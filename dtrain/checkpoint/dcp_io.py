@@ -9,16 +9,24 @@ from __future__ import annotations
 import warnings
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.tensor import DTensor, distribute_tensor
 
+from dtrain.checkpoint.safe_reading import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    SafeWholeStateLoadPlanner,
+    UnsafeCheckpoint,
+    read_metadata_file,
+)
 from dtrain.errors import DtrainError
 from dtrain.parallelize.torch_compat import ASYNC_STAGER_IS_REUSABLE
 
@@ -50,7 +58,7 @@ def export_weights(model_parts: list[nn.Module], dtype: torch.dtype) -> dict[str
 
 def read_tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """{key: global shape} of every tensor stored in the DCP checkpoint at `path`."""
-    metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    metadata = read_metadata(path).state_dict_metadata
     return {k: tuple(m.size) for k, m in metadata.items() if isinstance(m, TensorStorageMetadata)}
 
 
@@ -61,7 +69,7 @@ def weights_prefix(shapes: dict[str, tuple[int, ...]]) -> str:
 
 def read_full_weights(path: Path) -> dict[str, torch.Tensor]:
     """Every weight of the DCP checkpoint at `path` as a whole tensor, by FQN (one process; for conversions)."""
-    metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    metadata = read_metadata(path).state_dict_metadata
     shapes = {k: tuple(m.size) for k, m in metadata.items() if isinstance(m, TensorStorageMetadata)}
     prefix = weights_prefix(shapes)
     wanted = {
@@ -73,22 +81,56 @@ def read_full_weights(path: Path) -> dict[str, torch.Tensor]:
     return {key[len(prefix):]: tensor for key, tensor in wanted.items()}
 
 
-def check_weights_fit(path: Path, shapes: dict[str, tuple[int, ...]], prefix: str, weights: dict) -> None:
-    """Refuse, naming the first problem, a checkpoint whose weights are not this model's (missing or reshaped)."""
-    missing = [k for k in weights if prefix + k not in shapes]
+def read_whole_state(path: Path) -> dict[str, Any]:
+    """The whole checkpoint at `path` as one nested dict of full tensors and values (one process; conversions)."""
+    # What torch's dcp_to_torch_save does (with the private loader it uses: dcp.load would fill a copy of the
+    # empty dict), but through the safe reader and planner: torch's would run the checkpoint's pickles.
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    read_metadata(path)
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeWholeStateLoadPlanner(),
+                     no_dist=True)
+    return state
+
+
+def check_weights_fit(
+    path: Path,
+    shapes: dict[str, tuple[int, ...]],
+    prefix: str,
+    weights: dict,
+    stored_name: Callable[[str], str] | None = None,
+) -> None:
+    """Refuse, naming the first problem, a checkpoint whose weights are not this model's (missing or reshaped).
+
+    `stored_name` gives the checkpoint's name for one of our FQNs where it spells them otherwise.
+    """
+    name = stored_name or (lambda key: key)
+    missing = [k for k in weights if prefix + name(k) not in shapes]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise DtrainError(
-            f"checkpoint {path} does not hold weight {missing[0]}{more} of this model "
+            f"checkpoint {path} does not hold weight {name(missing[0])}{more} of this model "
             "(a different model.name/flavor, or not a model checkpoint)"
         )
     for key, tensor in weights.items():
-        stored = shapes[prefix + key]
+        stored = shapes[prefix + name(key)]
         if stored != tuple(tensor.shape):
             raise DtrainError(
-                f"checkpoint {path} holds {key} with shape {list(stored)}, this model's is {list(tensor.shape)} "
-                "(model.flavor, vocabulary or tie_word_embeddings differ)"
+                f"checkpoint {path} holds {name(key)} with shape {list(stored)}, this model's is "
+                f"{list(tensor.shape)} (model.flavor, vocabulary or tie_word_embeddings differ)"
             )
+
+
+def place_like(full: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """`full`, a whole tensor that every rank holds, laid out as `target` (this rank's shards of a DTensor)."""
+    full = full.to(dtype=target.dtype)
+    if isinstance(target, DTensor):
+        # Every rank holds the whole tensor, so each cuts its own shards without communication.
+        return distribute_tensor(
+            full.to(target.device_mesh.device_type), target.device_mesh, target.placements, src_data_rank=None
+        )
+    return full.to(target.device)
 
 
 def failure_summary(err: BaseException) -> str:
@@ -108,9 +150,29 @@ def _single_process() -> bool:
     return not (dist.is_available() and dist.is_initialized())
 
 
+def read_metadata(path: Path) -> Metadata:
+    """The DCP metadata of the checkpoint at `path`, read without running code from it (safe_reading.py)."""
+    return read_metadata_file(path / ".metadata")
+
+
 def load(state_dict: dict[str, Any], path: Path, process_group: dist.ProcessGroup | None = None) -> None:
-    """Fill `state_dict` in place from the checkpoint at `path` (tensors are copied into, other values replaced)."""
-    dcp.load(state_dict, checkpoint_id=str(path), process_group=process_group, no_dist=_single_process())
+    """Fill `state_dict` in place from the checkpoint at `path` (tensors are copied into, other values replaced).
+
+    Nothing in the checkpoint runs as code: UnsafeCheckpoint (one line) for a file that tries.
+    """
+    # Read first so that a refused metadata file surfaces as itself, not inside DCP's collective error.
+    read_metadata(path)
+    try:
+        dcp.load(
+            state_dict, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(),
+            process_group=process_group, no_dist=_single_process(),
+        )
+    except CheckpointException as err:
+        refused = [f[0] if isinstance(f, tuple) else f for f in err.failures.values()]
+        unsafe = next((f for f in refused if isinstance(f, UnsafeCheckpoint)), None)
+        if unsafe is not None:
+            raise unsafe from None
+        raise
 
 
 def save(state_dict: dict[str, Any], path: Path, process_group: dist.ProcessGroup | None = None) -> None:

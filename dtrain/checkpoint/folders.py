@@ -19,7 +19,8 @@ import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from torch.distributed.checkpoint import FileSystemReader
+from dtrain.checkpoint.safe_reading import read_metadata_file
+
 
 COMMIT_FILE = "dtrain_commit.json"
 PARTIAL_SUFFIX = ".partial"
@@ -120,8 +121,8 @@ def written_files(path: Path) -> dict[str, int]:
     The metadata must read back and every storage file it refers to must hold the bytes it points at.
     """
     try:
-        metadata = FileSystemReader(str(path)).read_metadata()
-    except Exception as err:  # a torn or unreadable .metadata: the message is what matters
+        metadata = read_metadata_file(path / ".metadata")
+    except Exception as err:  # a torn, unreadable or refused .metadata: the message is what matters
         raise DamagedCheckpoint(f"{path}/.metadata cannot be read ({type(err).__name__}: {err})") from err
     sizes = {p.name: p.stat().st_size for p in path.iterdir() if p.is_file() and p.name != COMMIT_FILE}
     needed: dict[str, int] = {}
@@ -148,7 +149,7 @@ def read_record(path: Path) -> CommitRecord:
             raise DamagedCheckpoint(f"{file} {found}; {size} were committed")
     if is_dcp_checkpoint(path):
         try:
-            FileSystemReader(str(path)).read_metadata()
+            read_metadata_file(path / ".metadata")
         except Exception as err:
             raise DamagedCheckpoint(f"{path}/.metadata cannot be read ({type(err).__name__}: {err})") from err
     return record

@@ -14,9 +14,8 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 
-from dtrain.checkpoint.dcp_io import model_state_dict, set_model_weights
+from dtrain.checkpoint.dcp_io import model_state_dict, place_like, set_model_weights
 from dtrain.errors import DtrainError
 from dtrain.parallelize import get_family
 
@@ -100,14 +99,7 @@ def load_hf_weights(model_parts: list[nn.Module], path: Path, adapter) -> None:
                 f"Hugging Face checkpoint {path}: {adapter.hf_name(fqn)} has shape {list(full.shape)}, "
                 f"this model's {fqn} has {list(target.shape)}"
             )
-        full = full.to(dtype=target.dtype)
-        if isinstance(target, DTensor):
-            # Every rank holds the full tensor here, so each cuts its own shard without communication.
-            loaded[fqn] = distribute_tensor(
-                full.to(target.device_mesh.device_type), target.device_mesh, target.placements, src_data_rank=None
-            )
-        else:
-            loaded[fqn] = full.to(target.device)
+        loaded[fqn] = place_like(full, target)
     set_model_weights(model_parts, loaded)
 
 

@@ -1,4 +1,5 @@
-"""Preemption: SIGTERM (schedulers, torchrun) or SIGUSR1 (SLURM's --signal) → finish the step, save, exit 0.
+"""Preemption: SIGTERM (schedulers, torchrun), SIGUSR1 (SLURM's --signal) or SIGINT (Ctrl-C) → finish the step,
+save, exit 0. A second Ctrl-C (or SIGTERM) exits at once, for when saving hangs.
 
 The signal handler only sets a flag. The loop asks `should_stop(step)` once per step; in a multi-process run the
 ranks all-reduce their flags (MAX) so that every rank stops after the same step, even when the signal reached
@@ -16,13 +17,13 @@ import torch
 import torch.distributed as dist
 
 logger = logging.getLogger("dtrain")
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class PreemptionWatcher:
     """Polled once per step; `should_stop(step)` turns True (on all ranks at the same step) after a signal.
 
-    A second signal of the same kind gets the default action (for SIGTERM: exit now), for when saving hangs.
+    A second signal of the same kind gets the default action (SIGTERM and SIGINT: exit now), for when saving hangs.
     Construct it in the main thread, on every rank at the same point (it creates a process group), and `close()`
     it at the end to restore the previous handlers.
     """

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from dtrain.checkpoint import dcp_io
@@ -26,7 +27,10 @@ from dtrain.checkpoint.folders import (
     read_record,
     scan_checkpoints,
 )
+from dtrain.checkpoint.safe_reading import UnsafeCheckpoint
+from dtrain.checkpoint.spellings import family_spellings, find_spelling, whole_tensor_batches
 from dtrain.errors import DtrainError
+from dtrain.models.family import WeightSpelling
 
 logger = logging.getLogger("dtrain")
 FALLBACK_HINT = "set checkpoint.fallback_to_previous = true to resume from the previous complete checkpoint"
@@ -229,7 +233,9 @@ def _apply(ctx: RunContext, plan: _Plan) -> None:
 
         load_hf_weights(ctx.state.model_parts, plan.path, build_adapter(ctx.cfg.model.name, ctx.model_args))
     elif plan.model_only:
-        load_weights(ctx, plan.path)
+        # Only a checkpoint from elsewhere may spell the weights otherwise; a run's own are always ours.
+        spellings = family_spellings(ctx.cfg.model.name, ctx.model_args) if plan.rule == "initial_load" else ()
+        load_weights(ctx, plan.path, spellings)
         if plan.rule == "resume" and plan.record is not None and plan.record.step > 0:
             # A finished run's final model-only save: nothing is left to train, so only the counters move.
             ctx.state.step, ctx.state.tokens_seen = plan.record.step, plan.record.tokens_seen
@@ -242,15 +248,29 @@ def _degrees(parallelism: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in shown.items()) or "no parallelism"
 
 
-def load_weights(ctx: RunContext, path: Path) -> None:
-    """Load the model weights (resharded to this layout) from a full or model-only DCP checkpoint."""
+def load_weights(ctx: RunContext, path: Path, spellings: tuple[WeightSpelling, ...] = ()) -> None:
+    """Load the model weights (resharded to this layout) from a full or model-only DCP checkpoint, named as ours
+    or, failing that, as the first of `spellings` that fits."""
     weights = dcp_io.model_state_dict(ctx.state.model_parts)
     shapes = dcp_io.read_tensor_shapes(path)
     prefix = dcp_io.weights_prefix(shapes)
-    dcp_io.check_weights_fit(path, shapes, prefix, weights)
-    wanted = {prefix + k: v for k, v in weights.items()}
+    spelling = find_spelling(shapes, prefix, weights, spellings)
+    name = spelling.stored_name if spelling else (lambda fqn: fqn)
+    dcp_io.check_weights_fit(path, shapes, prefix, weights, name)
+    if spelling:
+        logger.info(f"checkpoint: {path} names the weights as {spelling.writer} does")
+    stored = {fqn: prefix + name(fqn) for fqn in weights}
+    # Tensors stored as ours load straight into this rank's shards; the others are read whole and converted.
+    as_stored = [fqn for fqn in weights if spelling is None or spelling.to_ours(fqn) is None]
+    wanted = {stored[fqn]: weights[fqn] for fqn in as_stored}
     _load(ctx, wanted, path)
-    dcp_io.set_model_weights(ctx.state.model_parts, {k: wanted[prefix + k] for k in weights})
+    loaded = {fqn: wanted[stored[fqn]] for fqn in as_stored}
+    for batch in whole_tensor_batches([fqn for fqn in weights if fqn not in loaded], weights, ctx.group):
+        whole = {stored[fqn]: torch.empty(shapes[stored[fqn]], dtype=weights[fqn].dtype) for fqn in batch}
+        _load(ctx, whole, path)
+        for fqn in batch:
+            loaded[fqn] = dcp_io.place_like(spelling.to_ours(fqn)(whole[stored[fqn]]), weights[fqn])
+    dcp_io.set_model_weights(ctx.state.model_parts, loaded)
 
 
 def load_full_state(ctx: RunContext, path: Path, record: CommitRecord) -> None:
@@ -301,6 +321,9 @@ def check_data_layout(ctx: RunContext, path: Path, record: CommitRecord) -> None
 def _load(ctx: RunContext, wanted: dict, path: Path) -> None:
     try:
         dcp_io.load(wanted, path)
+    except UnsafeCheckpoint as err:
+        # Nothing ran; like any unreadable checkpoint it may be fallen back from (checkpoint.fallback_to_previous).
+        raise LoadFailed(f"cannot load checkpoint {path}: {err}") from None
     except (Exception, CheckpointException) as err:
         if isinstance(err, DtrainError):
             raise

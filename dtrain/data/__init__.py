@@ -1,7 +1,7 @@
 """Data: tokenizers, document sources, packing into fixed-length sequences, and the data-parallel data loader.
 
     tokenizer = build_tokenizer(cfg.model)
-    loader = build_dataloader(cfg, tokenizer, dp_rank, dp_size)
+    loader = build_dataloader(cfg.training, tokenizer, dp_rank, dp_size, seed=cfg.debug.seed)
     batch = next(loader)  # {"input_ids": LongTensor[lbs, seq_len], "labels": LongTensor[lbs, seq_len]}
 
 See docs/data.md for the sources, the packing and sharding rule, and resume semantics.

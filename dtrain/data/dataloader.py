@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from dtrain.config.schema import JobConfig
+from dtrain.config.schema import Training
 from dtrain.data.packing import PACKER_STATE_KEYS, SequencePacker
 from dtrain.data.sources import DocumentSource, build_source
 from dtrain.data.tokenizer import Tokenizer
@@ -75,13 +75,13 @@ class DataLoader:
         )
 
 
-def build_dataloader(cfg: JobConfig, tokenizer: Tokenizer, dp_rank: int, dp_size: int) -> DataLoader:
+def build_dataloader(training: Training, tokenizer: Tokenizer, dp_rank: int, dp_size: int, *, seed: int) -> DataLoader:
     """The data loader of `training.dataset` for data-parallel rank `dp_rank` of `dp_size`.
 
-    Fails now, with a DataError, when the source is missing or holds no documents, rather than at the first step.
+    `seed` (debug.seed) drives the synthetic source. Fails now, with a DataError, when the source is missing or
+    holds no documents, rather than at the first step.
     """
-    source = build_source(cfg, tokenizer)
+    source = build_source(training, tokenizer, seed=seed)
     if next(source.documents(0), None) is None:
         raise DataError(f"{source.description} holds no documents; check training.dataset and training.dataset_path")
-    training = cfg.training
     return DataLoader(source, tokenizer, training.seq_len, training.local_batch_size, dp_rank, dp_size)

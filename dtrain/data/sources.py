@@ -16,7 +16,7 @@ from typing import Union
 
 import numpy as np
 
-from dtrain.config.schema import JobConfig
+from dtrain.config.schema import Training
 from dtrain.data.file_readers import FILE_STRIDE, SUPPORTED_SUFFIXES, read_file_documents
 from dtrain.data.tokenizer import Tokenizer
 from dtrain.errors import DataError
@@ -125,14 +125,13 @@ def _data_files(path: str) -> list[str]:
     return sorted(found, key=lambda p: os.path.relpath(p, path).replace(os.sep, "/"))
 
 
-def build_source(cfg: JobConfig, tokenizer: Tokenizer) -> DocumentSource:
-    """The document source that `training.dataset` names."""
-    training = cfg.training
+def build_source(training: Training, tokenizer: Tokenizer, *, seed: int) -> DocumentSource:
+    """The document source that `training.dataset` names; `seed` (debug.seed) drives the synthetic one."""
     kind = training.dataset
     if kind == "builtin":
         return BuiltinSource()
     if kind == "synthetic":
-        return SyntheticSource(cfg.debug.seed, tokenizer.vocab_size, training.seq_len)
+        return SyntheticSource(seed, tokenizer.vocab_size, training.seq_len)
     if kind == "files":
         return FilesSource(training.dataset_path, training.dataset_text_field)
     if kind in ("hf", "c4"):

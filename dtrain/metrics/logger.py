@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
-from dtrain.config.schema import JobConfig
+from dtrain.config.schema import Metrics
 from dtrain.metrics.device_peaks import device_peak_flops
 from dtrain.metrics.memory import peak_memory_gib
 from dtrain.metrics.sinks import JsonlWriter, TensorBoardWriter
@@ -94,13 +95,15 @@ class MetricsLogger:
     Rank 0 writes ``<dump_folder>/metrics.jsonl`` and TensorBoard events under ``<dump_folder>/<save_tb_folder>/``;
     other ranks write nothing. With ``metrics.save_for_all_ranks`` every rank r writes ``metrics_rank<r>.jsonl``
     and ``<save_tb_folder>/rank_<r>/`` instead. Every rank computes the same record, so the loop calls ``log`` on
-    all ranks; it runs no collectives.
+    all ranks; it runs no collectives. ``cfg`` is the ``[metrics]`` section and ``total_steps`` is ``training.steps``
+    (the last step is always logged, and the ETA counts down to it).
 
     Usage in the loop::
 
-        metrics_logger = MetricsLogger(cfg, rank, world_size, num_flops_per_token, device, torch.bfloat16)
+        metrics_logger = MetricsLogger(cfg.metrics, run_dir, total_steps, rank, world_size, num_flops_per_token,
+                                       device, torch.bfloat16)
         metrics_logger.start(state.step, state.tokens_seen)   # after any resume; starts the clock
-        for step in range(state.step + 1, cfg.training.steps + 1):
+        for step in range(state.step + 1, total_steps + 1):
             metrics = train_step(state, batch)
             tokens += global_tokens_of_this_step
             if metrics_logger.should_log(step):
@@ -111,27 +114,29 @@ class MetricsLogger:
 
     def __init__(
         self,
-        cfg: JobConfig,
+        cfg: Metrics,
+        dump_folder: str | os.PathLike,
+        total_steps: int,
         rank: int,
         world_size: int,
         num_flops_per_token: float,
         device: torch.device,
         dtype: torch.dtype,
     ):
-        self.log_freq = cfg.metrics.log_freq
-        self.total_steps = cfg.training.steps
+        self.log_freq = cfg.log_freq
+        self.total_steps = total_steps
         self.world_size = world_size
         self.num_flops_per_token = num_flops_per_token
         self.device = device
         self.peak_flops = device_peak_flops(device, dtype)
         self._jsonl: JsonlWriter | None = None
         self._tensorboard: TensorBoardWriter | None = None
-        if rank == 0 or cfg.metrics.save_for_all_ranks:
-            dump_folder = Path(cfg.job.dump_folder)
-            per_rank = cfg.metrics.save_for_all_ranks
+        if rank == 0 or cfg.save_for_all_ranks:
+            dump_folder = Path(dump_folder)
+            per_rank = cfg.save_for_all_ranks
             self._jsonl = JsonlWriter(dump_folder / (f"metrics_rank{rank}.jsonl" if per_rank else "metrics.jsonl"))
-            if cfg.metrics.enable_tensorboard:
-                tb_folder = dump_folder / cfg.metrics.save_tb_folder
+            if cfg.enable_tensorboard:
+                tb_folder = dump_folder / cfg.save_tb_folder
                 self._tensorboard = TensorBoardWriter(tb_folder / f"rank_{rank}" if per_rank else tb_folder)
         self._log_peak(device, dtype)
         self.start()

@@ -1,5 +1,5 @@
 """The Llama 3 family (3, 3.1, 3.2 text models): args and flavors, the shared pre-norm decoder as its model, its
-FLOP count and HF adapter."""
+FLOP count, HF adapter, and the names newer torchtitan checkpoints give its weights."""
 
 from ..family import ModelFamily
 from ..flops import matmul_params, num_flops_per_token
@@ -7,6 +7,7 @@ from ..rope import RopeScaling, apply_rotary_emb, precompute_rope_cache, rope_fr
 from ..transformer import Attention, FeedForward, RMSNorm, Transformer, TransformerBlock
 from .args import LLAMA3_FLAVORS, Llama3Args
 from .hf_adapter import Llama3HFAdapter
+from .torchtitan_names import torchtitan_spellings
 
 LLAMA3 = ModelFamily(
     name="llama3",
@@ -15,6 +16,7 @@ LLAMA3 = ModelFamily(
     flavors=LLAMA3_FLAVORS,
     flops_per_token=num_flops_per_token,
     hf_adapter=Llama3HFAdapter,
+    checkpoint_spellings=torchtitan_spellings,
 )
 
 __all__ = [

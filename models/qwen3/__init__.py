@@ -1,10 +1,12 @@
-"""The Qwen3 (dense) family: args and flavors, the shared decoder with QK-norm, its FLOP count and HF adapter."""
+"""The Qwen3 (dense) family: args and flavors, the shared decoder with QK-norm, its FLOP count, HF adapter
+and the names (and RoPE order) newer torchtitan checkpoints give its weights."""
 
 from ..family import ModelFamily
 from ..flops import num_flops_per_token
 from .args import QWEN3_FLAVORS, Qwen3Args
 from .hf_adapter import Qwen3HFAdapter
 from .model import Qwen3Transformer
+from .torchtitan_names import torchtitan_spellings
 
 QWEN3 = ModelFamily(
     name="qwen3",
@@ -13,6 +15,7 @@ QWEN3 = ModelFamily(
     flavors=QWEN3_FLAVORS,
     flops_per_token=num_flops_per_token,
     hf_adapter=Qwen3HFAdapter,
+    checkpoint_spellings=torchtitan_spellings,
 )
 
 __all__ = ["QWEN3", "QWEN3_FLAVORS", "Qwen3Args", "Qwen3HFAdapter", "Qwen3Transformer"]

@@ -1,7 +1,9 @@
-"""A tiny Llama 3 TrainState on synthetic data, and a training loop that saves as the trainer's does."""
+"""A tiny model's TrainState (Llama 3 unless a family is named) on synthetic data, and a training loop that saves
+as the trainer's does."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -11,11 +13,14 @@ from dtrain.checkpoint import CheckpointManager
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_dataloader, build_tokenizer
 from dtrain.lr_schedule import build_lr_scheduler
-from dtrain.models.llama3 import Llama3Args, RopeScaling, Transformer
+from dtrain.models.llama3 import Llama3Args, RopeScaling
+from dtrain.models.qwen3 import QWEN3_FLAVORS
 from dtrain.optim import build_optimizers
+from dtrain.parallelize import get_family
 from dtrain.rng import seed_everything
 from dtrain.state import TrainState
 from dtrain.step import cross_entropy_sum, train_step
+from dtrain.step_executor import LocalExecutor
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,11 +28,23 @@ TINY_ARGS = Llama3Args(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=320, multiple_of=32, ffn_dim_multiplier=None,
     max_seq_len=32, rope_scaling=RopeScaling(),
 )
+# Qwen3's debug flavor (tied head, head_dim apart from dim / n_heads) shrunk to the same size.
+TINY_QWEN3_ARGS = replace(
+    QWEN3_FLAVORS["debugmodel"], dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24, hidden_dim=96,
+    vocab_size=320, max_seq_len=32,
+)
+FAMILY_ARGS = {"llama3": TINY_ARGS, "qwen3": TINY_QWEN3_ARGS}
 
 
-def make_cfg(run_dir: Path, steps: int = 6, **checkpoint) -> JobConfig:
-    """A config for TINY_ARGS on synthetic data, checkpointing enabled every 2 steps unless overridden."""
+def tiny_model(family: str = "llama3") -> torch.nn.Module:
+    return get_family(family).model.model_cls(FAMILY_ARGS[family])
+
+
+def make_cfg(run_dir: Path, steps: int = 6, family: str = "llama3", **checkpoint) -> JobConfig:
+    """A config for the family's tiny model on synthetic data, checkpointing enabled every 2 steps unless
+    overridden."""
     cfg = JobConfig()
+    cfg.model.name = family
     cfg.job.dump_folder = str(run_dir)
     cfg.model.tokenizer = "byte"
     cfg.training.dataset = "synthetic"
@@ -45,26 +62,26 @@ def make_cfg(run_dir: Path, steps: int = 6, **checkpoint) -> JobConfig:
 
 def tiny_state(cfg: JobConfig, model: torch.nn.Module | None = None, dp_rank: int = 0, dp_size: int = 1,
                **layout) -> TrainState:
-    """The TrainState the trainer would build for TINY_ARGS (a given, e.g. sharded, model replaces the default;
-    `layout` sets TrainState's layout fields, e.g. reduce_over_dp)."""
+    """The TrainState the trainer would build for cfg.model.name's tiny model (a given, e.g. sharded, model replaces
+    the default; `layout` sets TrainState's layout fields, e.g. reduce_over_dp)."""
     if model is None:
         seed_everything(cfg.debug.seed, "init")
-        model = Transformer(TINY_ARGS)
+        model = tiny_model(cfg.model.name)
     optimizer = build_optimizers([model], cfg.optimizer, torch.device("cpu"))
     return TrainState(
         model_parts=[model],
         optimizer=optimizer,
         lr_scheduler=build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler),
-        dataloader=build_dataloader(cfg, build_tokenizer(cfg.model), dp_rank, dp_size),
+        dataloader=build_dataloader(cfg.training, build_tokenizer(cfg.model), dp_rank, dp_size, seed=cfg.debug.seed),
         seed=cfg.debug.seed,
         max_norm=cfg.training.max_norm,
         dp_size=dp_size,
-        **{"loss_fn": cross_entropy_sum, **layout},
+        **{"executor": LocalExecutor(cross_entropy_sum), **layout},
     )
 
 
 def manager_for(cfg: JobConfig, state: TrainState, rank: int = 0, world_size: int = 1) -> CheckpointManager:
-    return CheckpointManager(cfg, cfg.job.dump_folder, rank, world_size, state, model_args=TINY_ARGS)
+    return CheckpointManager(cfg, cfg.job.dump_folder, rank, world_size, state, model_args=FAMILY_ARGS[cfg.model.name])
 
 
 def train(state: TrainState, manager: CheckpointManager | None, until: int, cfg: JobConfig) -> list[float]:

@@ -1,5 +1,6 @@
 """Through ./run_train.sh with several processes: a checkpoint saved under one layout resumes under another
-(world size, FSDP2/TP/PP degrees), and the losses continue within 1e-5 of the run that never stopped."""
+(world size, FSDP2/TP/PP degrees), and the losses continue within 1e-5 of the run that never stopped. Llama 3's
+debug model in every layout; Qwen3's once (the in-process worlds of test_checkpoint_reshard.py cover both)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import shutil
 
 import pytest
 from e2e_checkpoint_helpers import CHECKPOINTED, read_metrics, resumed_step, run_train
+
+from dtrain.config.toml_io import tomllib
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -22,14 +25,18 @@ LAYOUTS = {
                       "pipeline_parallel_schedule": "ZBVZeroBubble"}),
     "single": ("1", {}),
 }
+# Qwen3's debug flavor (tied head, QK-norm), shrunk.
+QWEN3 = ["--model.name", "qwen3", "--model.flavor", "debugmodel", "--model.args.n_layers", "2",
+         "--model.args.hidden_dim", "256"]
 
 
-def train_layout(name: str, run_dir, timeout: int = 600):
-    """TINY training with checkpoints under the layout `name`, same global batch (so the same losses) in every one."""
+def train_layout(name: str, run_dir, model: tuple[str, ...] = (), timeout: int = 600):
+    """TINY training with checkpoints under the layout `name`, same global batch (so the same losses) in every one;
+    `model` flags choose another model than the default."""
     nproc, degrees = LAYOUTS[name]
     dp = degrees.get("data_parallel_shard_degree", 1)
     # float32 compute under FSDP too (its default gathers parameters in bfloat16), for a 1e-5 comparison.
-    args = [*CHECKPOINTED, "--training.mixed_precision_param", "float32", "--job.dump_folder", str(run_dir),
+    args = [*CHECKPOINTED, *model, "--training.mixed_precision_param", "float32", "--job.dump_folder", str(run_dir),
             "--training.global_batch_size", str(GLOBAL_BATCH), "--training.local_batch_size", str(GLOBAL_BATCH // dp)]
     for key, value in degrees.items():
         args += [f"--parallelism.{key}", str(value)]
@@ -38,11 +45,12 @@ def train_layout(name: str, run_dir, timeout: int = 600):
     return result.stdout + result.stderr
 
 
-def resume_under(name: str, saved_run, tmp_path, reshards: bool = True) -> dict[int, float]:
+def resume_under(name: str, saved_run, tmp_path, reshards: bool = True, model: tuple[str, ...] = ()
+                 ) -> dict[int, float]:
     """Copy step-SAVED of `saved_run` into a fresh run directory and rerun there under layout `name` (rule 1)."""
     run_dir = tmp_path / f"resumed_{name}"
     shutil.copytree(saved_run / "checkpoint" / f"step-{SAVED}", run_dir / "checkpoint" / f"step-{SAVED}")
-    log = train_layout(name, run_dir)
+    log = train_layout(name, run_dir, model)
     assert resumed_step(log) == SAVED and ("DCP reshards" in log) == reshards
     return {r["step"]: r["loss"] for r in read_metrics(run_dir)}
 
@@ -83,3 +91,12 @@ def test_pipeline_checkpoint_resumes_under_pipeline_and_under_fsdp2(tmp_path):
     losses = {r["step"]: r["loss"] for r in read_metrics(run_dir)}
     assert_continues(resume_under("pp2_zbv", run_dir, tmp_path, reshards=False), losses)
     assert_continues(resume_under("fsdp2", run_dir, tmp_path), losses)
+
+
+def test_qwen3_fsdp2_checkpoint_resumes_in_one_process(tmp_path):
+    run_dir = tmp_path / "qwen3_fsdp2"
+    train_layout("fsdp2", run_dir, QWEN3)
+    model = tomllib.loads((run_dir / "config.toml").read_text())["model"]
+    assert (model["name"], model["args"]["n_layers"], model["args"]["tie_word_embeddings"]) == ("qwen3", 2, True)
+    losses = {r["step"]: r["loss"] for r in read_metrics(run_dir)}
+    assert_continues(resume_under("single", run_dir, tmp_path, model=QWEN3), losses)

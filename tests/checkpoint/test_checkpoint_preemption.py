@@ -12,7 +12,7 @@ from dist_harness import run_world
 from dtrain.checkpoint import PreemptionWatcher
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
 def test_signal_stops_after_the_current_step_and_handlers_are_restored(sig):
     before = signal.getsignal(sig)
     watcher = PreemptionWatcher()

@@ -156,17 +156,19 @@ def test_changed_dataset_and_bad_state_are_data_errors():
 
 def test_build_dataloader_synthetic_and_builtin(make_config):
     tokenizer = ByteTokenizer()
+
+    def first_batch(cfg, dp_rank=0, dp_size=1):
+        return next(build_dataloader(cfg.training, tokenizer, dp_rank, dp_size, seed=cfg.debug.seed))
+
     cfg = make_config(**{"training.dataset": "synthetic", "training.seq_len": 16, "training.local_batch_size": 3})
-    batch = next(build_dataloader(cfg, tokenizer, 0, 1))
+    batch = first_batch(cfg)
     assert batch["input_ids"].shape == (3, 16) and int(batch["input_ids"].max()) < tokenizer.vocab_size
-    again = next(build_dataloader(cfg, tokenizer, 0, 1))
-    assert torch.equal(batch["input_ids"], again["input_ids"])
+    assert torch.equal(batch["input_ids"], first_batch(cfg)["input_ids"])
     cfg.debug.seed = 1
-    assert not torch.equal(next(build_dataloader(cfg, tokenizer, 0, 1))["input_ids"], batch["input_ids"])
+    assert not torch.equal(first_batch(cfg)["input_ids"], batch["input_ids"])
 
     cfg = make_config(**{"training.seq_len": 32, "training.local_batch_size": 2})
-    builtin = next(build_dataloader(cfg, tokenizer, 1, 2))
-    assert builtin["input_ids"].shape == (2, 32)
+    assert first_batch(cfg, dp_rank=1, dp_size=2)["input_ids"].shape == (2, 32)
 
 
 def test_empty_dataset_is_a_data_error_naming_the_path(make_config, tmp_path):
@@ -174,7 +176,7 @@ def test_empty_dataset_is_a_data_error_naming_the_path(make_config, tmp_path):
     path.write_text("\n\n")
     cfg = make_config(**{"training.dataset": "files", "training.dataset_path": str(path)})
     with pytest.raises(DataError, match="holds no documents") as info:
-        build_dataloader(cfg, ByteTokenizer(), 0, 1)
+        build_dataloader(cfg.training, ByteTokenizer(), 0, 1, seed=cfg.debug.seed)
     assert str(path) in str(info.value)
 
 

@@ -24,7 +24,8 @@ def dataset(make_config, kind, path=None, **training):
     overrides = {"training.dataset": kind, **{f"training.{k}": v for k, v in training.items()}}
     if path is not None:
         overrides["training.dataset_path"] = str(path)
-    return build_source(make_config(**overrides), None)
+    cfg = make_config(**overrides)
+    return build_source(cfg.training, None, seed=cfg.debug.seed)
 
 
 def assert_seeks(source):

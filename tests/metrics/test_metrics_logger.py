@@ -34,6 +34,11 @@ def fake_peak(monkeypatch):
     monkeypatch.setattr(metrics_logger_module, "device_peak_flops", lambda device, dtype: 1e12)
 
 
+def metrics_logger(cfg, *args, **kwargs) -> MetricsLogger:
+    """The logger the trainer builds from `cfg`'s sections."""
+    return MetricsLogger(cfg.metrics, cfg.job.dump_folder, cfg.training.steps, *args, **kwargs)
+
+
 def step_metrics(loss=2.5, grad_norm=1.25, lr=3e-4):
     return {"loss": torch.tensor(loss), "grad_norm": torch.tensor(grad_norm), "lr": lr}
 
@@ -47,7 +52,7 @@ def read_jsonl(path):
 
 
 def test_throughput_tflops_mfu_and_eta_math(cfg, clock, fake_peak, dtrain_logger):
-    with MetricsLogger(cfg, rank=0, world_size=2, num_flops_per_token=1e6, device=CPU, dtype=torch.bfloat16) as ml:
+    with metrics_logger(cfg, rank=0, world_size=2, num_flops_per_token=1e6, device=CPU, dtype=torch.bfloat16) as ml:
         clock.now += 2.0
         record = ml.log(10, step_metrics(), tokens_since_last=8000)
     # 8000 tokens over 2 s on 2 ranks: 2000 tokens/s per rank; x 1e6 FLOPs/token = 2e9 FLOP/s = 0.002 TFLOP/s.
@@ -66,7 +71,7 @@ def test_throughput_tflops_mfu_and_eta_math(cfg, clock, fake_peak, dtrain_logger
 
 
 def test_second_window_measures_only_its_own_steps(cfg, clock, fake_peak):
-    with MetricsLogger(cfg, 0, 1, 1e6, CPU, torch.bfloat16) as ml:
+    with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.bfloat16) as ml:
         clock.now += 10.0
         ml.log(10, step_metrics(), 1000)
         clock.now += 1.0
@@ -78,7 +83,7 @@ def test_second_window_measures_only_its_own_steps(cfg, clock, fake_peak):
 
 
 def test_unknown_device_reports_no_mfu(cfg, clock, dtrain_logger):
-    with MetricsLogger(cfg, 0, 1, 1e6, CPU, torch.bfloat16) as ml:
+    with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.bfloat16) as ml:
         clock.now += 1.0
         record = ml.log(1, step_metrics(), 100)
     assert record["mfu"] is None
@@ -88,7 +93,7 @@ def test_unknown_device_reports_no_mfu(cfg, clock, dtrain_logger):
 
 
 def test_jsonl_has_one_object_per_log_with_the_required_keys(cfg, clock):
-    with MetricsLogger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
+    with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
         for step in (1, 10, 20):
             clock.now += 1.0
             ml.log(step, {**step_metrics(loss=float(step)), "num_tokens": torch.tensor(512)}, 100)
@@ -102,7 +107,7 @@ def test_jsonl_has_one_object_per_log_with_the_required_keys(cfg, clock):
 
 
 def test_non_finite_loss_is_null_in_jsonl_and_nan_on_the_console(cfg, clock, dtrain_logger):
-    with MetricsLogger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
+    with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
         clock.now += 1.0
         record = ml.log(1, step_metrics(loss=float("nan")), 100)
     assert math.isnan(record["loss"])
@@ -111,7 +116,7 @@ def test_non_finite_loss_is_null_in_jsonl_and_nan_on_the_console(cfg, clock, dtr
 
 
 def test_tensorboard_events_are_written_and_readable(cfg, clock, fake_peak):
-    with MetricsLogger(cfg, 0, 1, 1e6, CPU, torch.bfloat16) as ml:
+    with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.bfloat16) as ml:
         for step in (1, 10):
             clock.now += 1.0
             ml.log(step, step_metrics(loss=3.0 / step), 1000)
@@ -126,7 +131,7 @@ def test_tensorboard_events_are_written_and_readable(cfg, clock, fake_peak):
 
 def test_tensorboard_can_be_disabled(cfg, clock):
     cfg.metrics.enable_tensorboard = False
-    with MetricsLogger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
+    with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
         clock.now += 1.0
         ml.log(1, step_metrics(), 100)
     assert not ml_path(cfg, "tb").exists()
@@ -134,7 +139,7 @@ def test_tensorboard_can_be_disabled(cfg, clock):
 
 
 def test_only_rank0_writes_by_default(cfg, clock):
-    with MetricsLogger(cfg, 1, 2, 1e6, CPU, torch.float32) as ml:
+    with metrics_logger(cfg, 1, 2, 1e6, CPU, torch.float32) as ml:
         clock.now += 1.0
         ml.log(1, step_metrics(), 100)
     assert not ml_path(cfg, "").exists()
@@ -143,7 +148,7 @@ def test_only_rank0_writes_by_default(cfg, clock):
 def test_save_for_all_ranks_gives_each_rank_its_own_files(cfg, clock):
     cfg.metrics.save_for_all_ranks = True
     for rank in (0, 1):
-        with MetricsLogger(cfg, rank, 2, 1e6, CPU, torch.float32) as ml:
+        with metrics_logger(cfg, rank, 2, 1e6, CPU, torch.float32) as ml:
             clock.now += 1.0
             ml.log(1, step_metrics(), 100)
     for rank in (0, 1):
@@ -153,7 +158,7 @@ def test_save_for_all_ranks_gives_each_rank_its_own_files(cfg, clock):
 
 
 def test_start_continues_a_resumed_run(cfg, clock):
-    with MetricsLogger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
+    with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
         clock.now += 30.0  # setup time that start() leaves out
         ml.start(step=50, tokens_seen=5000)
         clock.now += 2.0
@@ -165,12 +170,12 @@ def test_start_continues_a_resumed_run(cfg, clock):
 
 def test_should_log_first_every_log_freq_and_last_step(cfg):
     cfg.training.steps = 25
-    with MetricsLogger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
+    with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
         assert [s for s in range(1, 26) if ml.should_log(s)] == [1, 10, 20, 25]
 
 
 def test_log_rejects_a_step_that_does_not_advance(cfg, clock):
-    with MetricsLogger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
+    with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
         clock.now += 1.0
         ml.log(10, step_metrics(), 100)
         with pytest.raises(ValueError, match="must come after"):
@@ -178,7 +183,7 @@ def test_log_rejects_a_step_that_does_not_advance(cfg, clock):
 
 
 def test_metric_names_may_not_shadow_computed_fields(cfg):
-    with MetricsLogger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
+    with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
         with pytest.raises(ValueError, match="tps"):
             ml.log(1, {"tps": torch.tensor(1.0)}, 100)
 
@@ -207,7 +212,7 @@ def test_cuda_metrics_log_reads_device_tensors(cfg):
         pytest.skip("needs a CUDA GPU")
     device = torch.device("cuda", torch.cuda.current_device())
     metrics = {"loss": torch.tensor(2.0, device=device), "grad_norm": torch.tensor(0.5, device=device), "lr": 1e-3}
-    with MetricsLogger(cfg, 0, 1, 1e6, device, torch.bfloat16) as ml:
+    with metrics_logger(cfg, 0, 1, 1e6, device, torch.bfloat16) as ml:
         record = ml.log(1, metrics, 100)
     assert (record["loss"], record["grad_norm"]) == (2.0, 0.5)
     assert record["memory_gib"] > 0

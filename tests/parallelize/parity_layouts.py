@@ -2,24 +2,23 @@
 
 Every layout runs inside one spawned world (see dist_harness): build on meta, parallelize, materialize, initialise
 like a single device, then STEPS optimizer steps of the real `train_step`, on a `TrainState` built like the
-trainer's (one optimizer per model part), on the same global batches. Rank 0 returns, per layout, the losses and
-gradient norms next to the single-process ones, how far the initial weights are from the single-process init,
-and the per-rank memory footprint. The pipeline tests (test_pipeline_*.py) share the state, the steps, the
-baseline and the meshes from here.
+trainer's (one optimizer per model part, the trainer's step executor), on the same global batches. Rank 0
+returns, per layout, the losses and gradient norms next to the single-process ones, how far the initial weights
+are from the single-process init, and the per-rank memory footprint. The pipeline tests (test_pipeline_*.py)
+share the state, the steps, the baseline and the meshes from here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import functools
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from dtrain.config.schema import LRScheduler, Optimizer
-from dtrain.distributed import dp_rank_and_size, dp_summer
+from dtrain.distributed import dp_rank_and_size
+from dtrain.layout import ParallelLayout, RankCoordinates
 from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.models.llama3 import Llama3Args
 from dtrain.models.qwen3 import Qwen3Args
@@ -31,15 +30,16 @@ from dtrain.parallelize import (
     compile_report,
     get_family,
     init_weights_like_single_device,
-    local_loss,
-    loss_parallel_context,
     memory_footprint,
     model_fqn,
     stop_compile_trace,
 )
 from dtrain.parallelize.mesh import ParallelMesh
+from dtrain.parallelize.pipeline_plan import PipelinePlan
+from dtrain.parallelize.pipeline_split import StageModule
 from dtrain.state import TrainState
 from dtrain.step import IGNORE_INDEX, cross_entropy_sum, train_step
+from dtrain.step_executor import build_step_executor
 
 ARGS = Llama3Args(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=32, ffn_dim_multiplier=None, max_seq_len=16
@@ -54,8 +54,6 @@ STEPS = 10
 GLOBAL_BATCH = 8
 SEQ_LEN = 16
 SEED = 1234
-# The trainer's loss as the state and the pipeline schedules get it: a plain tensor also under loss parallel.
-LOSS_FN = local_loss(cross_entropy_sum)
 
 
 @dataclass(frozen=True)
@@ -120,19 +118,29 @@ def plain(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def new_state(
-    parts: list[torch.nn.Module], dims: ParallelDims | None = None, mesh: ParallelMesh | None = None, pipeline=None
+    stages: list[StageModule],
+    dims: ParallelDims | None = None,
+    mesh: ParallelMesh | None = None,
+    plan: PipelinePlan | None = None,
+    family: str = "llama3",
 ) -> TrainState:
-    """The TrainState the trainer builds for `parts` in this layout: AdamW per part (build_optimizers), warmup
-    schedule, dp reductions, loss-parallel context, and the pipeline that runs forward/backward, if any."""
+    """The TrainState the trainer builds for this rank's `stages` in this layout: AdamW per part
+    (build_optimizers), warmup schedule, the rank's coordinates and dp reductions, and the trainer's step executor
+    (the pipeline schedule over `stages` with a `plan`, else the whole model under the loss-parallel context)."""
+    layout = ParallelLayout(dims or ParallelDims(1), ParallelizeOptions(), mesh, plan, RankCoordinates.on(mesh))
+    parts = [stage.module for stage in stages]
     optimizer = build_optimizers(parts, Optimizer(lr=1e-2), torch.device("cpu"))
     scheduler = build_lr_scheduler(optimizer, STEPS, LRScheduler(warmup_steps=2))
+    executor = build_step_executor(get_family(family), layout, stages, cross_entropy_sum, torch.device("cpu"))
     return TrainState(
-        parts, optimizer, scheduler, NoData(), LOSS_FN, seed=SEED, max_norm=1.0,
-        dp_size=dims.dp_size if dims else 1,
-        reduce_over_dp=dp_summer(mesh),
-        loss_context=functools.partial(loss_parallel_context, dims) if dims else contextlib.nullcontext,
-        pipeline=pipeline,
+        parts, optimizer, scheduler, NoData(), executor, seed=SEED, max_norm=1.0,
+        dp_size=layout.rank.dp_size, rng_coords=layout.rank.rng_coords, reduce_over_dp=layout.rank.reduce_over_dp,
     )
+
+
+def whole_model(model: torch.nn.Module) -> list[StageModule]:
+    """A model that is not pipelined, as the one stage the trainer's model builder makes of it."""
+    return [StageModule(0, model)]
 
 
 def run_steps(state: TrainState, steps: range, mesh: ParallelMesh | None, accumulation: int) -> dict:
@@ -163,7 +171,7 @@ def single_process_run(args, family: str = "llama3") -> tuple[dict, dict[str, to
     torch.manual_seed(SEED)
     model.init_weights()
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-    return run_steps(new_state([model]), range(STEPS), None, accumulation=2), initial
+    return run_steps(new_state(whole_model(model), family=family), range(STEPS), None, accumulation=2), initial
 
 
 def mesh_for(dims: ParallelDims, meshes: dict) -> ParallelMesh:
@@ -205,7 +213,8 @@ def run_layout(layout: Layout, world_size: int, meshes: dict) -> tuple[dict, dic
         for name, p in model.named_parameters()
         if model_fqn(name) in WATCHED_PARAMS
     }
-    result = run_steps(new_state([model], dims, mesh), range(STEPS), mesh, layout.microbatches)
+    state = new_state(whole_model(model), dims, mesh, family=layout.family)
+    result = run_steps(state, range(STEPS), mesh, layout.microbatches)
     return result, initial, placements
 
 

@@ -17,7 +17,9 @@ import torch.distributed.checkpoint as dcp
 from dist_harness import run_world
 from dtrain.parallelize import ParallelDims
 from dtrain.state import TrainState
-from parity_layouts import GLOBAL_BATCH, SEQ_LEN, build_parallel_model, max_relative_diff, mesh_for, new_state, run_steps
+from parity_layouts import (
+    GLOBAL_BATCH, SEQ_LEN, build_parallel_model, max_relative_diff, mesh_for, new_state, run_steps, whole_model,
+)
 from test_pipeline_parity import ARGS, PipelineLayout, pipelined_state, reference_run
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -30,7 +32,7 @@ RESUMES = (("zbv", "zbv"), ("zbv", "fsdp"), ("fsdp", "1f1b"))
 def fsdp_state(world_size: int, meshes: dict):
     dims = ParallelDims(world_size, dp_shard=world_size)
     mesh = mesh_for(dims, meshes)
-    return new_state([build_parallel_model(ARGS, dims, mesh)], dims, mesh), mesh
+    return new_state(whole_model(build_parallel_model(ARGS, dims, mesh)), dims, mesh), mesh
 
 
 def restore(state: TrainState, folder: str) -> None:

@@ -1,10 +1,11 @@
 """Pipeline parallel parity: every schedule trains like one process (2 ranks, pp=2, one world for all).
 
 Each layout is built as the trainer builds it: plan, cut the meta model into this rank's stages, parallelize each
-stage on the (pp, dp_replicate, dp_shard, tp) mesh, materialize, initialise like one device, build the schedule,
-and put it into a `TrainState` with one optimizer per stage (`build_optimizers`). Then STEPS steps of the real
-`train_step` (which hands forward and backward to the pipeline and clips over all stages) on the same global
-batches as the single-process reference. The helpers here are shared with test_pipeline_fsdp_tp.py (pp × FSDP2
+stage on the (pp, dp_replicate, dp_shard, tp) mesh, materialize, initialise like one device, and put the stages
+into a `TrainState` with one optimizer per stage (`build_optimizers`) and the trainer's step executor, which
+builds the schedule (`build_step_executor`). Then STEPS steps of the real `train_step` (whose executor hands
+forward and backward to the pipeline and clips over all stages) on the same global batches as the
+single-process reference. The helpers here are shared with test_pipeline_fsdp_tp.py (pp × FSDP2
 and pp × TP on 4 ranks) and test_pipeline_checkpoint.py.
 """
 
@@ -28,13 +29,11 @@ from dtrain.parallelize import (
 )
 from dtrain.parallelize.mesh import ParallelMesh
 from dtrain.parallelize.pipeline_plan import plan_pipeline
-from dtrain.parallelize.pipeline_schedule import build_pipeline
 from dtrain.parallelize.pipeline_split import split_model
 from dtrain.state import TrainState
 from parity_layouts import (
     FAMILY_ARGS,
     GLOBAL_BATCH,
-    LOSS_FN,
     SEED,
     STEPS,
     max_relative_diff,
@@ -117,8 +116,8 @@ def pipelined_state(layout: PipelineLayout, world_size: int, meshes: dict) -> tu
         init_weights_like_single_device(stage.module, model, SEED)
     guard = contextlib.nullcontext() if layout.resharding_guard else without_resharding_guard()
     with guard:
-        pipeline = build_pipeline(plan, stages, pp_group=mesh["pp"].get_group(), device=torch.device("cpu"), loss_fn=LOSS_FN)
-    return new_state(pipeline.model_parts, dims, mesh, pipeline), mesh
+        state = new_state(stages, dims, mesh, plan, layout.family)
+    return state, mesh
 
 
 def run_pipeline_layout(layout: PipelineLayout, world_size: int, meshes: dict) -> dict:
@@ -129,7 +128,7 @@ def run_pipeline_layout(layout: PipelineLayout, world_size: int, meshes: dict) -
     torch.distributed.all_gather_object(initial_per_rank, local_initial)
     result = run_steps(state, range(layout.steps), mesh, layout.accumulation)
     initial = {name: tensor for rank_initial in initial_per_rank for name, tensor in rank_initial.items()}
-    return {**result, "plan": state.pipeline.plan, "initial": initial}
+    return {**result, "plan": state.executor.pipeline.plan, "initial": initial}
 
 
 def reference_run(family: str = "llama3") -> dict:

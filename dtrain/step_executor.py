@@ -1,0 +1,136 @@
+"""How a training step runs forward, backward and gradient clipping on this rank: an executor chosen once.
+
+`train_step` is the same code on every layout. What differs is whether this rank runs its whole model
+(`LocalExecutor`: every layout without pipeline parallelism) or hands each microbatch to the pipeline schedule over
+its stages (`PipelineExecutor`); the trainer picks one when it builds the state (`build_step_executor`). An
+executor holds no training state: the model parts and parameters come from the `TrainState` on every call.
+
+A family's optional step hooks (`FamilySpec.extra_loss`, `FamilySpec.after_optimizer_step`) run here, so the step
+never names a family. Nothing here reads a tensor on the host.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import functools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from dtrain.layout import ParallelLayout
+from dtrain.parallelize import FamilySpec, local_loss, loss_parallel_context
+from dtrain.parallelize.family_spec import ExtraLoss, OptimizerStepHook
+from dtrain.parallelize.pipeline_schedule import Pipeline, build_pipeline
+from dtrain.parallelize.pipeline_split import StageModule
+from dtrain.parallelize.torch_compat import clip_grads_with_norm_
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Microbatch = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StepExecutor(abc.ABC):
+    """Forward/backward of one microbatch, the clipped gradient norm, and the work after the optimizer step.
+
+    `loss_context` is the context forward, loss and backward run in (vocab-parallel cross-entropy under loss
+    parallel); `optimizer_step_hook` is the family's `after_optimizer_step`.
+    """
+
+    loss_context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext, kw_only=True)
+    optimizer_step_hook: OptimizerStepHook | None = field(default=None, kw_only=True)
+
+    @abc.abstractmethod
+    def forward_backward(
+        self, model_parts: list[nn.Module], microbatch: Microbatch, grad_scale: torch.Tensor, extra_loss_weight: float
+    ) -> torch.Tensor:
+        """Forward and backward of `microbatch` (gradients accumulate); returns its summed loss, detached.
+
+        The summed loss enters backward times `grad_scale`, a family's extra loss term times `extra_loss_weight`.
+        """
+
+    @abc.abstractmethod
+    def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+        """Total gradient norm (a tensor, possibly a DTensor), clipping to `max_norm` unless it is 0."""
+
+    def after_optimizer_step(self, model_parts: list[nn.Module]) -> None:
+        if self.optimizer_step_hook is not None:
+            self.optimizer_step_hook(model_parts)
+
+
+@dataclass(frozen=True)
+class LocalExecutor(StepExecutor):
+    """This rank runs its whole model (`model_parts[0]`), forward then backward."""
+
+    loss_fn: LossFn
+    extra_loss: ExtraLoss | None = None
+
+    def forward_backward(
+        self, model_parts: list[nn.Module], microbatch: Microbatch, grad_scale: torch.Tensor, extra_loss_weight: float
+    ) -> torch.Tensor:
+        with self.loss_context():
+            loss = self.loss_fn(model_parts[0](microbatch["input_ids"]), microbatch["labels"])
+            objective = loss * grad_scale
+            extra = self.extra_loss(model_parts) if self.extra_loss is not None else None
+            if extra is not None:
+                objective = objective + extra * extra_loss_weight
+            objective.backward()
+        return loss.detach()
+
+    def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+        return clip_grad_norm(parameters, max_norm)
+
+
+@dataclass(frozen=True)
+class PipelineExecutor(StepExecutor):
+    """The pipeline schedule runs this rank's stages (the modules of `model_parts`, bound when it was built).
+
+    A family's extra loss term is refused under pipeline parallelism (`FamilySpec.check_hooks`), so
+    `extra_loss_weight` has nothing to weigh here.
+    """
+
+    pipeline: Pipeline
+
+    def forward_backward(
+        self, model_parts: list[nn.Module], microbatch: Microbatch, grad_scale: torch.Tensor, extra_loss_weight: float
+    ) -> torch.Tensor:
+        with self.loss_context():
+            # The schedule splits the microbatch further, runs forward and backward over this rank's stages and
+            # returns the summed loss on every pipeline rank.
+            return self.pipeline.step(microbatch["input_ids"], microbatch["labels"], grad_scale)
+
+    def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+        # Each rank holds some stages' gradients; the norm spans all stages.
+        return self.pipeline.clip_grad_norm(parameters, max_norm)
+
+
+def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """The 2-norm of the gradients of `parameters` (a DTensor when sharded), clipped to `max_norm` unless 0."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total_norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if max_norm > 0:
+        clip_grads_with_norm_(parameters, max_norm, total_norm)
+    return total_norm
+
+
+def build_step_executor(
+    family: FamilySpec, layout: ParallelLayout, stages: list[StageModule], loss_fn: LossFn, device: torch.device
+) -> StepExecutor:
+    """The executor of `layout`: the pipeline schedule over `stages` under pipeline parallelism, else local.
+
+    `loss_fn(output, labels)` is the summed loss; under loss parallel it is made to return a plain tensor.
+    """
+    family.check_hooks(layout.dims)
+    if layout.dims.loss_parallel_enabled:
+        loss_fn = local_loss(loss_fn)
+    common = dict(
+        loss_context=functools.partial(loss_parallel_context, layout.dims),
+        optimizer_step_hook=family.after_optimizer_step,
+    )
+    if layout.plan is None:
+        return LocalExecutor(loss_fn=loss_fn, extra_loss=family.extra_loss, **common)
+    pp_group = layout.mesh["pp"].get_group()
+    pipeline = build_pipeline(layout.plan, stages, pp_group=pp_group, device=device, loss_fn=loss_fn)
+    return PipelineExecutor(pipeline=pipeline, **common)

@@ -1,0 +1,35 @@
+"""Through ./run_train.sh: a second launch into a live run's folder is refused in one line and changes nothing
+there; after the first run dies by kill -9, the next launch takes its lock over and resumes."""
+
+from __future__ import annotations
+
+import pytest
+from e2e_checkpoint_helpers import CHECKPOINTED, kill_hard, logged_steps, run_train, start_train, wait_for
+
+from dtrain.run_lock import LOCK_FILE
+
+pytestmark = pytest.mark.slow
+
+
+def test_one_live_run_per_folder_and_a_dead_runs_lock_is_taken_over(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*CHECKPOINTED, "--training.steps", "200", "--job.dump_folder", str(run_dir)]
+    first = start_train(*args)
+    try:
+        wait_for(first, lambda: logged_steps(run_dir) >= 2)
+        before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != "metrics.jsonl"}
+        second = run_train(*args)
+        assert second.returncode != 0
+        last = second.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"error: run folder {run_dir} is in use by pid {first.pid} on "), second.stderr
+        assert last.endswith("; stop it, or use another job.dump_folder") and "Traceback" not in second.stderr
+        after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != "metrics.jsonl"}
+        assert after == before  # config.toml, the lock and everything else as the first run left them
+    finally:
+        kill_hard(first)
+    assert (run_dir / LOCK_FILE).exists()  # kill -9 leaves the lock behind
+    third = run_train(*CHECKPOINTED, "--job.dump_folder", str(run_dir))
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "taking over the lock of a run that is gone" in third.stderr
+    assert "checkpoint: resuming from" in third.stderr
+    assert not (run_dir / LOCK_FILE).exists()

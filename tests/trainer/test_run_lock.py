@@ -1,0 +1,66 @@
+"""One live run per run folder: the lock names its holder, refuses a second live run in one line, and takes over
+the lock of a run that died."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+
+import pytest
+
+from dtrain.run_lock import LOCK_FILE, RunFolderInUse, RunLock
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def write_lock(folder, pid: int, host: str) -> None:
+    (folder / LOCK_FILE).write_text(json.dumps({"pid": pid, "host": host, "started": "2026-01-01T00:00:00+00:00"}))
+
+
+def test_the_lock_names_its_holder_and_is_released(tmp_path):
+    with RunLock(tmp_path) as lock:
+        recorded = json.loads((tmp_path / LOCK_FILE).read_text())
+        assert recorded["pid"] == lock.holder.pid and recorded["host"] == lock.holder.host
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_a_second_live_run_is_refused_in_one_line(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        write_lock(tmp_path, sleeper.pid, RunLock(tmp_path).holder.host)
+        with pytest.raises(RunFolderInUse, match=rf"run folder {tmp_path} is in use by pid {sleeper.pid} on .*stop it"):
+            RunLock(tmp_path).acquire()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == sleeper.pid  # refused, and left as it was
+
+
+def test_a_lock_on_another_host_is_refused_with_how_to_clear_it(tmp_path):
+    write_lock(tmp_path, 1, "some-other-node")
+    with pytest.raises(RunFolderInUse, match=f"if that run has ended, delete {tmp_path / LOCK_FILE}"):
+        RunLock(tmp_path).acquire()
+
+
+@pytest.mark.parametrize("content", ["dead", "torn"])
+def test_a_dead_runs_lock_is_taken_over_with_a_log_line(tmp_path, caplog, content):
+    if content == "dead":
+        write_lock(tmp_path, dead_pid(), RunLock(tmp_path).holder.host)
+    else:
+        (tmp_path / LOCK_FILE).write_text('{"pid": 12')
+    with caplog.at_level(logging.WARNING), RunLock(tmp_path) as lock:
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == lock.holder.pid
+    assert "taking over the lock of a run that is gone" in caplog.text
+
+
+def test_release_never_removes_another_runs_lock(tmp_path):
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    write_lock(tmp_path, 1, "some-other-node")  # e.g. an operator cleared ours and another run took the folder
+    lock.release()
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["host"] == "some-other-node"
