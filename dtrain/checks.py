@@ -19,6 +19,7 @@ from dtrain.layout import check_layout
 from dtrain.model_args import apply_overrides, shape_table, typed_overrides
 from dtrain.models import ModelFamily
 from dtrain.parallelize import FamilySpec, get_family
+from dtrain.run_folder_checks import check_run_folder
 
 
 @dataclass(frozen=True)
@@ -91,4 +92,5 @@ def prepare(cfg: JobConfig) -> Prepared:
     cfg.model.args = shape_table(args)
     check_layout(cfg, world_size_from_env(), family, args)
     check_checkpoint_config(cfg, world_size_from_env())
+    check_run_folder(cfg)
     return Prepared(family, tokenizer, args)

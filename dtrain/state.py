@@ -51,6 +51,9 @@ class TrainState(Stateful):
     max_norm: float
     step: int = 0
     tokens_seen: int = 0
+    # training.skip_nonfinite_steps, and how many this launch has skipped (a budget per launch: not saved).
+    skip_nonfinite_steps: int = 0
+    skipped_steps: int = 0
     # How the step talks to the rest of the world; set by the trainer from the rank's coordinates in the layout.
     dp_size: int = 1
     rng_coords: tuple = ()

@@ -6,13 +6,17 @@ rank's stages) is the state's executor (step_executor.py), chosen once; this fil
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
+from dtrain.nonfinite import Diverged, diverged_message, finite_on_every_rank, local_value
 from dtrain.rng import seed_everything
 from dtrain.state import TrainState
 
 IGNORE_INDEX = -100
+logger = logging.getLogger("dtrain")
 
 
 def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -38,11 +42,28 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     for mb in microbatches:
         loss_sum += state.executor.forward_backward(state.model_parts, mb, grad_scale, extra_loss_weight)
     grad_norm = state.executor.clip_grad_norm(state.parameters, state.max_norm)
-    state.optimizer.step()
-    state.executor.after_optimizer_step(state.model_parts)
+    loss = state.reduce_over_dp(loss_sum) / global_tokens
+    # Only under training.skip_nonfinite_steps does the step read the device (see nonfinite.py).
+    if state.skip_nonfinite_steps == 0 or finite_on_every_rank(loss, grad_norm):
+        state.optimizer.step()
+        state.executor.after_optimizer_step(state.model_parts)
+    else:
+        skip_update(state, loss, grad_norm)
     state.optimizer.zero_grad(set_to_none=True)
     lr = state.lr_scheduler.get_last_lr()[0]
     state.lr_scheduler.step()
     state.step += 1
     state.tokens_seen += sum(mb["input_ids"].numel() for mb in microbatches) * state.dp_size
-    return {"loss": state.reduce_over_dp(loss_sum) / global_tokens, "grad_norm": grad_norm, "lr": lr}
+    return {"loss": loss, "grad_norm": grad_norm, "lr": lr}
+
+
+def skip_update(state: TrainState, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+    """Leave the weights and optimizer state of a non-finite step as they were, or stop once the budget is spent."""
+    step, values = state.step + 1, (float(loss), float(local_value(grad_norm)))
+    if state.skipped_steps >= state.skip_nonfinite_steps:
+        raise Diverged(diverged_message(step, *values))
+    state.skipped_steps += 1
+    logger.warning(
+        "step %d: loss %.4g, grad_norm %.4g not finite; update skipped (%d of training.skip_nonfinite_steps = %d)",
+        step, *values, state.skipped_steps, state.skip_nonfinite_steps,
+    )

@@ -25,6 +25,7 @@ from dtrain.layout_report import compute_dtype, describe_layout, log_memory, log
 from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.metrics import MetricsLogger
 from dtrain.model_builder import build_model_parts
+from dtrain.nonfinite import NonFiniteGuard
 from dtrain.models import ModelFamily, count_params
 from dtrain.optim import build_optimizers
 from dtrain.parallelize import FamilySpec
@@ -60,6 +61,7 @@ def build_train_state(
         executor=build_step_executor(family, layout, stages, loss_fn, world.device),
         seed=cfg.debug.seed,
         max_norm=cfg.training.max_norm,
+        skip_nonfinite_steps=cfg.training.skip_nonfinite_steps,
         dp_size=rank.dp_size,
         rng_coords=rank.rng_coords,
         reduce_over_dp=rank.reduce_over_dp,
@@ -88,13 +90,15 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
         layout = build_layout(cfg, world, family, args)
         set_determinism(cfg.debug.deterministic)
         state = build_train_state(cfg, world, layout, family, args, tokenizer)
-        write_run_files(cfg, world, run_dir)
         checkpoints = CheckpointManager(cfg, run_dir, world.rank, world.world_size, state, model_args=args)
         if cfg.checkpoint.create_seed_checkpoint:
+            write_run_files(cfg, world, run_dir)
             checkpoints.save_seed_checkpoint()
             checkpoints.close()
             return
         checkpoints.restore_at_startup()
+        # Only now is the run accepted: a refused resume leaves an existing run folder as it was.
+        write_run_files(cfg, world, run_dir)
         accumulation = layout.dims.gradient_accumulation_steps(
             cfg.training.local_batch_size, cfg.training.global_batch_size
         )
@@ -139,6 +143,7 @@ def run_loop(
     # Python's automatic GC pauses at random steps; collect on a fixed schedule instead.
     gc.disable()
     preemption = PreemptionWatcher(world.world_size)
+    nonfinite = NonFiniteGuard(world.device)
     try:
         with (
             maybe_profile(cfg.profiling, run_dir, world.rank, start_step=state.step) as profiler,
@@ -147,18 +152,25 @@ def run_loop(
             while state.step < cfg.training.steps and not stop:
                 batch = [to_device(next(data), world.device) for _ in range(accumulation)]
                 step_metrics = train_step(state, batch)
+                if state.skip_nonfinite_steps == 0:  # else the step itself skips such steps or stops the run
+                    nonfinite.record(state.step, step_metrics["loss"], step_metrics["grad_norm"])
                 if state.step == start_step + 1:
                     log_after_first_step(cfg, state)
-                if metrics.should_log(state.step):
-                    metrics.log(state.step, whole_metrics(step_metrics), state.tokens_seen - logged_tokens)
-                    logged_tokens = state.tokens_seen
                 # All ranks agree on the signal, so they save the same step and stop together.
                 stop = preemption.should_stop(state.step)
-                checkpoints.maybe_save(state.step, last=state.step == cfg.training.steps, preempted=stop)
+                last = state.step == cfg.training.steps
+                log_now = metrics.should_log(state.step)
+                if log_now or checkpoints.save_due(state.step, last=last, preempted=stop):
+                    nonfinite.check()  # never log a diverged run as healthy, never save its state
+                if log_now:
+                    metrics.log(state.step, whole_metrics(step_metrics), state.tokens_seen - logged_tokens)
+                    logged_tokens = state.tokens_seen
+                checkpoints.maybe_save(state.step, last=last, preempted=stop)
                 profiler.step()
                 snapshot.step()
                 if state.step % cfg.training.gc_freq == 0:
                     gc.collect(1)
+            nonfinite.check()
     finally:
         gc.enable()
         metrics.close()

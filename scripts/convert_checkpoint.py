@@ -73,7 +73,7 @@ def from_hf(opts) -> None:
     record = CommitRecord(
         step=0, kind="model_only", dtype=opts.dtype,
         saved_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        torch_version=torch.__version__,
+        torch_version=torch.__version__, tie_word_embeddings=args.tie_word_embeddings,
     )
     commit(partial, opts.out, record)
     print(f"wrote a model-only DCP checkpoint ({len(weights)} tensors) to {opts.out}")

@@ -133,17 +133,23 @@ def place_like(full: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return full.to(target.device)
 
 
-def failure_summary(err: BaseException) -> str:
-    """One line for an exception out of DCP, which wraps each rank's failure (and its traceback) in one object."""
+def first_failure(err: BaseException) -> tuple[int | None, BaseException]:
+    """(rank, exception) of the first failure inside an exception out of DCP, which wraps each rank's failure
+    (paired with its traceback) in one object; (None, err) for any other exception."""
     failures = getattr(err, "failures", None)
     if failures:
         rank, cause = next(iter(failures.items()))
-        cause = cause[0] if isinstance(cause, tuple) else cause  # DCP pairs each rank's exception with its traceback
-        err = cause if isinstance(cause, BaseException) else err
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        return f"rank {rank}: {type(err).__name__}: {first}"
+        cause = cause[0] if isinstance(cause, tuple) else cause
+        return rank, cause if isinstance(cause, BaseException) else err
+    return None, err
+
+
+def failure_summary(err: BaseException) -> str:
+    """One line for an exception out of DCP (see first_failure)."""
+    rank, err = first_failure(err)
     text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}"
+    line = f"{type(err).__name__}: {text[0] if text else ''}"
+    return line if rank is None else f"rank {rank}: {line}"
 
 
 def _single_process() -> bool:

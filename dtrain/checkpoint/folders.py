@@ -52,6 +52,8 @@ class CommitRecord:
     files: dict = field(default_factory=dict)
     saved_at: str = ""
     torch_version: str = ""
+    # Whether the head shared the embedding's weight; None where not recorded (older and converted checkpoints).
+    tie_word_embeddings: bool | None = None
 
     @property
     def model_only(self) -> bool:
@@ -214,3 +216,15 @@ def prune(folder: Path, keep_latest_k: int, keep: Path) -> list[Path]:
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
+
+
+def remove_partials(folder: Path) -> list[Path]:
+    """Delete the `step-N.partial` folders in `folder`: saves that never committed (a crash, a full disk).
+
+    Called once a run is accepted, so that they neither fill the disk nor stand in a later save's way; never a
+    `.replaced` folder (it may hold the only copy of a committed step) nor anything without our suffix.
+    """
+    partials = [p for p in scan_checkpoints(folder).incomplete if p.name.endswith(PARTIAL_SUFFIX)]
+    for path in partials:
+        shutil.rmtree(path, ignore_errors=True)
+    return partials

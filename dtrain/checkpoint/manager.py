@@ -15,6 +15,7 @@ Typical use, all ranks alike:
 from __future__ import annotations
 
 import datetime
+import errno
 import logging
 import shutil
 import time
@@ -36,6 +37,7 @@ from dtrain.checkpoint.folders import (
     commit,
     partial_dir,
     prune,
+    remove_partials,
     scan_checkpoints,
     step_dir,
 )
@@ -56,6 +58,23 @@ class _PendingSave:
     final: Path
     record: CommitRecord
     started: float
+
+
+# What a failed save most often means, by the errno under DCP's wrapping.
+_SAVE_HINTS = {
+    errno.ENOSPC: "no space left on its device: free some, lower checkpoint.keep_latest_k, or move job.dump_folder",
+    errno.EDQUOT: "disk quota exceeded: free some, or move job.dump_folder",
+    errno.EROFS: "its file system is read-only: move job.dump_folder",
+    errno.EACCES: "permission denied: make the folder writable, or move job.dump_folder",
+}
+
+
+def save_failed(partial: Path, what: str, err: BaseException) -> DtrainError:
+    """One line for a failed save, naming where it was writing and, for the usual causes, what to do."""
+    _, cause = dcp_io.first_failure(err)
+    hint = _SAVE_HINTS.get(getattr(cause, "errno", None))
+    detail = hint if hint else dcp_io.failure_summary(err)
+    return DtrainError(f"checkpoint {partial}: {what} failed ({detail}); the folder is removed on the next start")
 
 
 class CheckpointManager:
@@ -96,8 +115,15 @@ class CheckpointManager:
 
     # -- start-up -----------------------------------------------------------------------------------------------
     def restore_at_startup(self) -> Startup:
-        """Resume, initial-load or start from scratch by the start-up rule; logs which, returns a `Startup`."""
-        return restore_at_startup(self.ctx)
+        """Resume, initial-load or start from scratch by the start-up rule; logs which, returns a `Startup`.
+
+        Then (the run is accepted) rank 0 deletes the leftovers of saves that never committed.
+        """
+        startup = restore_at_startup(self.ctx)
+        if self.cfg.enable and self.ctx.rank == 0:
+            for path in remove_partials(self.folder):
+                logger.warning(f"checkpoint: removed {path}, left by a save that never completed")
+        return startup
 
     # -- saving -------------------------------------------------------------------------------------------------
     def maybe_save(self, step: int, *, last: bool = False, preempted: bool = False) -> bool:
@@ -111,13 +137,14 @@ class CheckpointManager:
             if preempted:
                 logger.warning("checkpoint.enable is false: stopping without a checkpoint")
             return False
-        if last:
-            self.save(step, model_only=self.cfg.last_save_model_only)
-        elif preempted or step % self.cfg.interval == 0:
-            self.save(step)
-        else:
+        if not self.save_due(step, last=last, preempted=preempted):
             return False
+        self.save(step, model_only=last and self.cfg.last_save_model_only)
         return True
+
+    def save_due(self, step: int, *, last: bool = False, preempted: bool = False) -> bool:
+        """Whether `maybe_save` saves after `step` (so the trainer can check the state first)."""
+        return self.cfg.enable and (last or preempted or step % self.cfg.interval == 0)
 
     def save(self, step: int, *, model_only: bool = False, dtype: str | None = None, blocking: bool = False) -> None:
         """Save the state (or only the weights, in `dtype` or checkpoint.export_dtype) as step-`step`."""
@@ -147,20 +174,21 @@ class CheckpointManager:
             data=ctx.data_layout(),
             saved_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             torch_version=torch.__version__,
+            tie_word_embeddings=getattr(ctx.model_args, "tie_word_embeddings", None),
         )
         started = time.perf_counter()
         if self._async is not None and not blocking:
             try:
                 self._staging, future = self._async.start(state_dict, partial)
             except (Exception, CheckpointException) as err:
-                raise DtrainError(f"checkpoint step-{step}: async save failed: {dcp_io.failure_summary(err)}") from None
+                raise save_failed(partial, "async save", err) from None
             self.last_blocked_s = time.perf_counter() - started
             self._pending = _PendingSave(future, partial, final, record, started)
             return
         try:
             dcp_io.save(state_dict, partial)
         except (Exception, CheckpointException) as err:
-            raise DtrainError(f"checkpoint step-{step}: save failed: {dcp_io.failure_summary(err)}") from None
+            raise save_failed(partial, "save", err) from None
         self._commit(partial, final, record, started)
         self.last_blocked_s = time.perf_counter() - started
 
@@ -220,9 +248,7 @@ class CheckpointManager:
         try:
             pending.future.result()
         except (Exception, CheckpointException) as err:
-            raise DtrainError(
-                f"checkpoint step-{pending.record.step}: async save failed: {dcp_io.failure_summary(err)}"
-            ) from None
+            raise save_failed(pending.partial, "async save", err) from None
         self._commit(pending.partial, pending.final, pending.record, pending.started, background=True)
 
     def _commit(self, partial: Path, final: Path, record: CommitRecord, started: float, background=False) -> None:

@@ -223,6 +223,8 @@ def _initial_load_plan(ctx: RunContext, notes: list[str]) -> _Plan:
 
 def _apply(ctx: RunContext, plan: _Plan) -> None:
     record = plan.record
+    if record is not None:
+        check_tying(plan.path, record, ctx.model_args)
     if record is not None and (record.world_size, record.parallelism) != (ctx.world_size, ctx.parallelism()):
         logger.info(
             f"checkpoint: saved by {record.world_size} rank(s) with {_degrees(record.parallelism)}, loading into "
@@ -241,6 +243,19 @@ def _apply(ctx: RunContext, plan: _Plan) -> None:
             ctx.state.step, ctx.state.tokens_seen = plan.record.step, plan.record.tokens_seen
     else:
         load_full_state(ctx, plan.path, plan.record)
+
+
+def check_tying(path: Path, record: CommitRecord, model_args) -> None:
+    """Refuse weights saved tied into an untied model and the reverse: names and shapes match either way, and
+    the load would silently merge two weights into one or copy one into two."""
+    saved, ours = record.tie_word_embeddings, getattr(model_args, "tie_word_embeddings", None)
+    if saved is None or ours is None or saved == ours:
+        return
+    effect = "keep only one of its two weights" if ours else "copy its one shared weight into two"
+    raise DtrainError(
+        f"checkpoint {path} was saved with tie_word_embeddings {str(saved).lower()}, this model has "
+        f"{str(ours).lower()}: loading it would {effect}; set model.tie_word_embeddings = {str(saved).lower()}"
+    )
 
 
 def _degrees(parallelism: dict) -> str:

@@ -102,6 +102,12 @@ class Training:
     mixed_precision_reduce: str = opt("float32", "FSDP gradient reduce dtype.", choices=("float32", "bfloat16"))
     enable_cpu_offload: bool = opt(False, "Keep FSDP2-sharded parameters, gradients and optimizer state on CPU.")
     gc_freq: int = opt(50, "Run Python garbage collection every this many steps (automatic GC is disabled).", minimum=1)
+    skip_nonfinite_steps: int = opt(
+        0,
+        "Steps with a non-finite loss or gradient norm to skip (no update) before the run stops; 0 stops at the "
+        "first. Above 0 the step reads the loss on the host every step.",
+        minimum=0,
+    )
 
 
 @dataclass

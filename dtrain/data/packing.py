@@ -74,12 +74,16 @@ class SequencePacker:
     def _tokenized_documents(self, epoch: int, start: int) -> Iterator[tuple[int, int, torch.Tensor]]:
         """(epoch, position, [BOS] tokens [EOS]) for every document from (epoch, start) on, forever."""
         while True:
-            found = False
+            found = has_text = False
             for position, document in self.source.documents(start):
-                found = True
-                yield epoch, position, self._tokens(document)
-            if not found and start == 0:
+                tokens = self._tokens(document)
+                found, has_text = True, has_text or len(tokens) > 2
+                yield epoch, position, tokens
+            if start == 0 and not found:
                 raise DataError(f"{self.source.description} holds no documents; check training.dataset_path")
+            if start == 0 and not has_text:
+                # Else it would train on BOS/EOS pairs alone, epoch after epoch, and look healthy.
+                raise DataError(f"{self.source.description} holds no text (every document is empty)")
             epoch, start = epoch + 1, 0
 
     def _tokens(self, document: Document) -> torch.Tensor:

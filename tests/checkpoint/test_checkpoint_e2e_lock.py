@@ -33,3 +33,21 @@ def test_one_live_run_per_folder_and_a_dead_runs_lock_is_taken_over(tmp_path):
     assert "taking over the lock of a run that is gone" in third.stderr
     assert "checkpoint: resuming from" in third.stderr
     assert not (run_dir / LOCK_FILE).exists()
+
+
+def folder_snapshot(run_dir) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_a_refused_resume_leaves_the_run_folder_byte_for_byte_unchanged(tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_train(*CHECKPOINTED, "--training.steps", "4", "--job.dump_folder", str(run_dir))
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = folder_snapshot(run_dir)
+    assert "config.toml" in before and any(name.startswith("tb") for name in before)
+    # Another sequence length cannot continue the saved data position: the resume is refused.
+    refused = run_train(*CHECKPOINTED, "--training.steps", "6", "--training.seq_len", "32",
+                        "--job.dump_folder", str(run_dir))
+    assert refused.returncode != 0
+    assert refused.stderr.strip().splitlines()[-1].startswith("error: checkpoint ")
+    assert folder_snapshot(run_dir) == before

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+from dataclasses import replace
 
 import pytest
 import torch
-from checkpoint_helpers import make_cfg, manager_for, tiny_state, train
+from checkpoint_helpers import FAMILY_ARGS, make_cfg, manager_for, tiny_state, train
+from torch.distributed.checkpoint import FileSystemWriter
 
-from dtrain.checkpoint import dcp_io
+from dtrain.checkpoint import CheckpointManager, dcp_io
 from dtrain.errors import DtrainError
+from dtrain.models.llama3 import Transformer
 
 
 @pytest.fixture
@@ -73,6 +78,9 @@ def test_incomplete_folders_are_reported_and_never_resumed(saved, caplog):
         startup, _ = restore(cfg)
     assert startup.step == 4
     assert "without a commit record" in caplog.text and "step-6.partial, step-8" in caplog.text
+    # Once the run is accepted, the leftover of our own interrupted save goes; a folder we did not write stays.
+    assert not (cfg_folder(cfg) / "step-6.partial").exists() and (cfg_folder(cfg) / "step-8").is_dir()
+    assert f"removed {cfg_folder(cfg) / 'step-6.partial'}, left by a save that never completed" in caplog.text
 
 
 def test_load_step_picks_a_step_and_names_the_available_ones(saved):
@@ -196,3 +204,50 @@ def cfg_folder(cfg):
     from pathlib import Path
 
     return Path(cfg.job.dump_folder) / cfg.checkpoint.folder
+
+
+@pytest.mark.parametrize("code, hint", [
+    (errno.ENOSPC, "no space left on its device: free some, lower checkpoint.keep_latest_k, or move job.dump_folder"),
+    (errno.EROFS, "its file system is read-only: move job.dump_folder"),
+])
+def test_a_full_or_read_only_disk_is_one_line_naming_the_folder_and_the_leftover_goes(tmp_path, monkeypatch,
+                                                                                      caplog, code, hint):
+    cfg = make_cfg(tmp_path / "run", steps=10)
+    manager = manager_for(cfg, tiny_state(cfg))
+    writer = FileSystemWriter.write_data
+
+    def failing_write(self, plan, planner):
+        raise OSError(code, os.strerror(code), str(self.path))
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", failing_write)
+    with pytest.raises(DtrainError) as err:
+        manager.save(2)
+    assert one_line(err) == (
+        f"checkpoint {cfg_folder(cfg) / 'step-2.partial'}: save failed ({hint}); the folder is removed on the next start"
+    )
+    monkeypatch.setattr(FileSystemWriter, "write_data", writer)
+    with caplog.at_level(logging.WARNING, logger="dtrain"):
+        startup, _ = restore(cfg)  # the rerun is not blocked by the leftover, and removes it
+    assert startup.rule == "scratch" and not (cfg_folder(cfg) / "step-2.partial").exists()
+
+
+@pytest.mark.parametrize("saved_tied", [False, True])
+def test_tied_and_untied_checkpoints_do_not_load_into_each_other(tmp_path, saved_tied):
+    source = make_cfg(tmp_path / "source", steps=4)
+    args = replace(FAMILY_ARGS["llama3"], tie_word_embeddings=saved_tied)
+    state = tiny_state(source, model=Transformer(args))
+    manager = CheckpointManager(source, source.job.dump_folder, 0, 1, state, model_args=args)
+    train(state, manager, 2, source)
+    manager.close()
+    cfg = make_cfg(tmp_path / "run", steps=4, initial_load_path=str(cfg_folder(source) / "step-2"))
+    other = replace(args, tie_word_embeddings=not saved_tied)
+    loading = CheckpointManager(cfg, cfg.job.dump_folder, 0, 1, tiny_state(cfg, model=Transformer(other)),
+                                model_args=other)
+    with pytest.raises(DtrainError) as err:
+        loading.restore_at_startup()
+    assert one_line(err) == (
+        f"checkpoint {cfg_folder(source) / 'step-2'} was saved with tie_word_embeddings {str(saved_tied).lower()}, "
+        f"this model has {str(not saved_tied).lower()}: loading it would "
+        + ("copy its one shared weight into two" if saved_tied else "keep only one of its two weights")
+        + f"; set model.tie_word_embeddings = {str(saved_tied).lower()}"
+    )

@@ -180,6 +180,16 @@ def test_empty_dataset_is_a_data_error_naming_the_path(make_config, tmp_path):
     assert str(path) in str(info.value)
 
 
+@pytest.mark.parametrize("name, content", [("empty.txt", ""), ("blank.jsonl", '{"text": ""}\n{"text": ""}\n')])
+def test_a_dataset_of_empty_documents_is_a_data_error_not_bos_eos_training(make_config, tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content)
+    cfg = make_config(**{"training.dataset": "files", "training.dataset_path": str(path)})
+    loader = build_dataloader(cfg.training, ByteTokenizer(), 0, 1, seed=cfg.debug.seed)
+    with pytest.raises(DataError, match=f"training.dataset_path '{path}' holds no text \\(every document is empty\\)"):
+        next(iter(loader))
+
+
 def test_bad_rank_is_rejected():
     with pytest.raises(ValueError, match="dp_rank 2"):
         loader(rank=2, dp=2)
