@@ -24,14 +24,6 @@ if [ "$nproc" = "1" ] && [ "$nnodes" = "1" ]; then
     exec python -m dtrain.main "$@"
 fi
 
-# Validate once, before torchrun starts any worker: a bad config gets one line, not one per rank plus
-# torchrun's failure report. --help and print_config are answered here too.
-# Exit code 3 means the check answered the request itself (--help, print_config): nothing to launch.
-check=0
-WORLD_SIZE=$((nproc * nnodes)) python -m dtrain.main --launcher_check "$@" || check=$?
-if [ "$check" = 3 ]; then exit 0; fi
-if [ "$check" != 0 ]; then exit "$check"; fi
-
 log_rank="${LOG_RANK:-0}"
 rank_filter=()
 if [ "$log_rank" != "all" ]; then
@@ -46,6 +38,19 @@ else
         --master_addr "${MASTER_ADDR:?MASTER_ADDR or RDZV_ENDPOINT is needed with NNODES > 1}"
         --master_port "${MASTER_PORT:-29500}")
 fi
+# Validate once, before torchrun starts any worker: a bad config gets one line, not one per rank plus
+# torchrun's failure report. --help and print_config are answered here too.
+# Exit code 3 means the check answered the request itself (--help, print_config): nothing to launch.
+launch_dir="$(mktemp -d)"
+check=0
+WORLD_SIZE=$((nproc * nnodes)) DTRAIN_RUN_DIR_FILE="$launch_dir/run_dir" \
+    python -m dtrain.main --launcher_check "$@" || check=$?
+if [ "$check" != 0 ]; then rm -rf "$launch_dir"; fi
+if [ "$check" = 3 ]; then exit 0; fi
+if [ "$check" != 0 ]; then exit "$check"; fi
+
 export LOG_RANK="$log_rank"
-exec torchrun --nproc_per_node "$nproc" "${rendezvous[@]}" "${rank_filter[@]}" --role rank --tee 3 \
-    -m dtrain.main "$@"
+# torchrun runs under dtrain/launcher.py: the run ends with the first failing rank's one line, torchrun's own
+# report goes to a file in the run folder, and signals reach torchrun once.
+exec python -m dtrain.launcher "$launch_dir" torchrun --nproc_per_node "$nproc" "${rendezvous[@]}" \
+    "${rank_filter[@]}" --role rank --tee 3 -m dtrain.main "$@"

@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from dtrain.launcher_watch import exit_when_orphaned
+
 if TYPE_CHECKING:  # importing parallelize would load FSDP and TP for every CLI call
     from dtrain.parallelize.mesh import ParallelMesh
 
@@ -59,6 +61,7 @@ def init_world(timeout_s: int = 600) -> Iterator[World]:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(local_rank)
     if world_size > 1:
+        exit_when_orphaned()
         dist.init_process_group(backend=backend_for(device), timeout=timedelta(seconds=timeout_s))
     try:
         yield World(int(os.environ.get("RANK", "0")), local_rank, world_size, device)

@@ -9,13 +9,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from dtrain.errors import DtrainError
+from dtrain.launcher import record_failure, record_outcome
 
 # `run_train.sh` runs this once with --launcher_check before starting torchrun: it validates the config for the
 # coming world size and answers --help / print_config itself. Exit code ANSWERED tells the launcher to stop there.
 LAUNCHER_CHECK_FLAG = "--launcher_check"
 ANSWERED = 3
+RUN_DIR_FILE_ENV = "DTRAIN_RUN_DIR_FILE"
 
 
 def run(argv: list[str]) -> int:
@@ -35,6 +38,9 @@ def run(argv: list[str]) -> int:
 
     prepared = prepare(cfg)
     if launcher_check:
+        # run_train.sh keeps torchrun's report in the run folder if the run fails.
+        if os.environ.get(RUN_DIR_FILE_ENV):
+            Path(os.environ[RUN_DIR_FILE_ENV]).write_text(cfg.job.dump_folder)
         return 0
     from dtrain.metrics import setup_logging
     from dtrain.train import train
@@ -42,6 +48,7 @@ def run(argv: list[str]) -> int:
     # LOG_RANK names a local rank, as run_train.sh's torchrun output filter does: one logging rank per node.
     setup_logging(int(os.environ.get("LOCAL_RANK", "0")))
     train(cfg, prepared)
+    record_outcome(False, "finished")
     return 0
 
 
@@ -54,11 +61,15 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except DtrainError as err:
+        record_failure(f"error: {err}")
         if os.environ.get("DTRAIN_TRACEBACK"):
             raise
         logging.shutdown()
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    except Exception as err:  # a bug: its traceback stays, and the launcher still names it in its last line
+        record_failure(f"{type(err).__name__}: {err}")
+        raise
 
 
 if __name__ == "__main__":

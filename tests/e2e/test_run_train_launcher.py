@@ -1,0 +1,108 @@
+"""Several processes end like one: run_train.sh's last line is the first failing rank's one-line error (torchrun's
+failure report goes to a file in the run folder), and a preemption signal ends the launch with exit 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from run_train_helpers import REPO, TINY, read_metrics, run_train, user_env
+
+from dtrain.launcher import filter_output, outcomes, summary
+
+DIVERGING = [*TINY, "--optimizer.lr", "1e4", "--lr_scheduler.warmup_steps", "0", "--model.args.n_layers", "1"]
+
+
+def test_a_failing_multi_process_run_ends_with_the_ranks_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_train(*DIVERGING, "--job.dump_folder", str(run_dir), NPROC="2")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: training diverged at step ") and "failed first; torchrun's report: " in last
+    report = last.rsplit("torchrun's report: ", 1)[1].rstrip(")")
+    assert report.startswith(f"{run_dir}/torchrun-") and "ChildFailedError" in open(report).read()
+    assert "ChildFailedError" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_saves_and_exits_zero(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*TINY, "--training.steps", "400", "--checkpoint.enable", "--checkpoint.interval", "1000",
+            "--job.dump_folder", str(run_dir)]
+    process = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=user_env(NPROC="2"), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while not ((run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 2):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
+        "stopped on SIGTERM: every worker exited cleanly (rerun the same command to resume)"
+    )
+    assert any(p.name.startswith("step-") for p in (run_dir / "checkpoint").iterdir())
+
+
+def test_the_summary_names_the_first_failure_or_torchruns_last_line(tmp_path):
+    errors, report = tmp_path / "errors", tmp_path / "torchrun.log"
+    errors.mkdir()
+    with open(report, "w") as kept, open(tmp_path / "console", "w") as out:
+        filter_output(kept, ["W123 banner\n", "[rank0]:hello\n", "SignalException: got signal 15\n"], out)
+    assert (tmp_path / "console").read_text() == "[rank0]:hello\n"
+    assert summary(errors, report, None, 2, None) == (
+        f"error: torchrun failed before any worker reported an error: SignalException: got signal 15 "
+        f"(its report: {report})"
+    )
+    (errors / "rank1").write_text("20.0\nfailed\nerror: late\n")
+    (errors / "rank0").write_text("10.0\nfailed\nerror: first\n")
+    assert [o[1] for o in outcomes(errors)] == ["0", "1"]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    line = summary(errors, report, run_dir, 2, None)
+    assert line.startswith("error: first (rank 0 failed first; torchrun's report: ") and str(run_dir) in line
+    for rank in (0, 1):
+        (errors / f"rank{rank}").write_text("1.0\nok\nfinished\n")
+    assert summary(errors, report, None, 2, "SIGTERM") is None  # a preemption, not a failure
+    assert summary(errors, report, None, 3, "SIGTERM").startswith("error: torchrun failed")  # a worker is missing
+
+
+def children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0) until reaped: it has exited all the same.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ")[-1][0] != "Z"
+
+
+@pytest.mark.slow
+def test_workers_exit_when_torchrun_is_killed(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*TINY, "--training.steps", "400", "--checkpoint.enable", "--checkpoint.interval", "2",
+            "--job.dump_folder", str(run_dir)]
+    process = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=user_env(NPROC="2"), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while not ((run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 2):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    (torchrun,) = children(process.pid)
+    workers = children(torchrun)
+    assert len(workers) == 2
+    os.kill(torchrun, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while any(alive(w) for w in workers):
+        assert time.monotonic() < deadline, "workers outlived torchrun"
+        time.sleep(0.1)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode != 0 and "torchrun failed" in stderr.strip().splitlines()[-1]
