@@ -35,6 +35,24 @@ class World:
         return self.world_size > 1
 
 
+def set_collective_timeout(seconds: int) -> None:
+    """Give every process group of this process (the world, the mesh's, checkpointing's) a new timeout.
+
+    Start-up may legitimately take long (loading, compilation), training steps may not: torchtitan lowers the
+    timeout after the first step the same way. torch offers no public setter; `_set_pg_timeout` is what it uses.
+    """
+    from torch.distributed.distributed_c10d import _set_pg_timeout, _world
+
+    for group in list(_world.pg_map):
+        _set_pg_timeout(timedelta(seconds=seconds), group)
+
+
+def is_timeout(err: BaseException) -> bool:
+    """Whether `err` is a collective that gave up waiting (gloo and NCCL word it differently)."""
+    text = str(err).lower()
+    return isinstance(err, (RuntimeError, dist.DistError)) and ("timed out" in text or "timeout" in text)
+
+
 def world_size_from_env() -> int:
     """The world size torchrun announced (1 when started directly)."""
     return int(os.environ.get("WORLD_SIZE", "1"))

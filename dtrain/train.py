@@ -19,14 +19,15 @@ from dtrain.checks import Prepared
 from dtrain.checkpoint import CheckpointManager, PreemptionWatcher
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_dataloader
-from dtrain.distributed import World, init_world
+from dtrain.distributed import World, init_world, is_timeout, set_collective_timeout
+from dtrain.errors import DtrainError
 from dtrain.layout import ParallelLayout, build_layout
 from dtrain.layout_report import compute_dtype, describe_layout, log_memory, log_parallel_plans, whole_metrics
 from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.metrics import MetricsLogger
 from dtrain.model_builder import build_model_parts
-from dtrain.nonfinite import NonFiniteGuard
 from dtrain.models import ModelFamily, count_params
+from dtrain.nonfinite import NonFiniteGuard
 from dtrain.optim import build_optimizers
 from dtrain.parallelize import FamilySpec
 from dtrain.profiling import maybe_memory_snapshot, maybe_profile
@@ -84,7 +85,7 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
     """Run the configured training to completion, starting from what `checks.prepare` resolved."""
     family, tokenizer, args = prepared.family, prepared.tokenizer, prepared.model_args
     with contextlib.ExitStack() as stack:
-        world = stack.enter_context(init_world())
+        world = stack.enter_context(init_world(cfg.comm.init_timeout_seconds))
         # Locked before anything is built or written: a second launch into a live run's folder ends here.
         run_dir = stack.enter_context(locked_run_folder(Path(cfg.job.dump_folder), world.rank, world.distributed))
         layout = build_layout(cfg, world, family, args)
@@ -118,7 +119,12 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.rank.dp_size,
         )
         log_parallel_plans(family, layout)
-        preempted = run_loop(cfg, world, state, run_dir, checkpoints, metrics, accumulation)
+        try:
+            preempted = run_loop(cfg, world, state, run_dir, checkpoints, metrics, accumulation)
+        except Exception as err:
+            if world.distributed and is_timeout(err):
+                raise timed_out(cfg, err) from err
+            raise
         if preempted:
             logger.info("stopped at step %d on a preemption signal; rerun the same command to resume", state.step)
         else:
@@ -156,6 +162,8 @@ def run_loop(
                     nonfinite.record(state.step, step_metrics["loss"], step_metrics["grad_norm"])
                 if state.step == start_step + 1:
                     log_after_first_step(cfg, state)
+                    if world.distributed:  # start-up is over: from now on a hung collective is an error soon
+                        set_collective_timeout(cfg.comm.train_timeout_seconds)
                 # All ranks agree on the signal, so they save the same step and stop together.
                 stop = preemption.should_stop(state.step)
                 last = state.step == cfg.training.steps
@@ -177,6 +185,15 @@ def run_loop(
         preemption.close()
         checkpoints.close()
     return stop
+
+
+def timed_out(cfg: JobConfig, err: BaseException) -> DtrainError:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return DtrainError(
+        f"a collective timed out, so a rank hung or died (comm.init_timeout_seconds = "
+        f"{cfg.comm.init_timeout_seconds} until the first step is done, comm.train_timeout_seconds = "
+        f"{cfg.comm.train_timeout_seconds} after): {first}"
+    )
 
 
 def log_after_first_step(cfg: JobConfig, state: TrainState) -> None:

@@ -223,6 +223,17 @@ class Debug:
 
 
 @dataclass
+class Comm:
+    init_timeout_seconds: int = opt(
+        300, "Seconds collectives may wait until the first step is done (start-up, checkpoint load, compilation).",
+        minimum=1,
+    )
+    train_timeout_seconds: int = opt(
+        100, "Seconds any collective may wait after the first step: a hung or dead rank ends the run.", minimum=1
+    )
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -236,3 +247,4 @@ class JobConfig:
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
     debug: Debug = field(default_factory=Debug)
+    comm: Comm = field(default_factory=Comm)
