@@ -7,6 +7,8 @@ from dtrain.parallelize.llama3 import LLAMA3_SPEC
 from dtrain.parallelize.qwen3 import QWEN3_SPEC
 
 FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (LLAMA3_SPEC, QWEN3_SPEC)}
+# model.name when a config gives none.
+DEFAULT_FAMILY = LLAMA3_SPEC.name
 
 
 def get_family(name: str) -> FamilySpec:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dtrain.parallelize.families import FAMILIES
+from dtrain.parallelize.families import DEFAULT_FAMILY, FAMILIES
 
 
 def opt(default: Any, doc: str, choices: tuple | None = None, minimum: float | None = None) -> Any:
@@ -31,7 +31,7 @@ class Job:
 
 @dataclass
 class Model:
-    name: str = opt("llama3", "Model family.", choices=tuple(FAMILIES))
+    name: str = opt(DEFAULT_FAMILY, "Model family.", choices=tuple(FAMILIES))
     flavor: str = opt("debugmodel", "Size preset of the family (each family's are listed in docs/models.md and in the error for an unknown one).")
     tokenizer: str = opt(
         "auto",
@@ -140,9 +140,9 @@ class Parallelism:
     )
     module_fqns_per_model_part: list[list[str]] = opt(
         [],
-        "Explicit pipeline split, the module names of each stage, e.g. for Llama 3: [[\"tok_embeddings\", \"layers.0\"], "
-        "[\"layers.1\", \"norm\", \"output\"]]; on the command line 'tok_embeddings layers.0,layers.1 norm output'. "
-        "Empty = split evenly.",
+        "Explicit pipeline split, the module names of each stage as the start-up log lists them, e.g. "
+        "[[\"tok_embeddings\", \"layers.0\"], [\"layers.1\", \"norm\", \"output\"]]; on the command line "
+        "'tok_embeddings layers.0,layers.1 norm output'. Empty = split evenly.",
     )
     context_parallel_degree: int = opt(1, "Context (sequence) parallel degree.", minimum=1)
     expert_parallel_degree: int = opt(1, "Expert parallel degree (MoE models).", minimum=1)

@@ -27,17 +27,23 @@ def test_a_failing_multi_process_run_ends_with_the_ranks_one_line(tmp_path):
     assert "ChildFailedError" not in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.slow
-def test_sigterm_to_the_launcher_saves_and_exits_zero(tmp_path):
-    run_dir = tmp_path / "run"
-    args = [*TINY, "--training.steps", "400", "--checkpoint.enable", "--checkpoint.interval", "1000",
-            "--job.dump_folder", str(run_dir)]
+def start_two_process_run(run_dir, checkpoint_interval: int) -> subprocess.Popen:
+    """A long 2-process run through run_train.sh, returned once it has logged two steps."""
+    args = [*TINY, "--training.steps", "400", "--checkpoint.enable", "--checkpoint.interval",
+            str(checkpoint_interval), "--job.dump_folder", str(run_dir)]
     process = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=user_env(NPROC="2"), text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 180
     while not ((run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 2):
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
+    return process
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_saves_and_exits_zero(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_two_process_run(run_dir, checkpoint_interval=1000)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr[-3000:]
@@ -88,14 +94,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_workers_exit_when_torchrun_is_killed(tmp_path):
     run_dir = tmp_path / "run"
-    args = [*TINY, "--training.steps", "400", "--checkpoint.enable", "--checkpoint.interval", "2",
-            "--job.dump_folder", str(run_dir)]
-    process = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=user_env(NPROC="2"), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 180
-    while not ((run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 2):
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
+    process = start_two_process_run(run_dir, checkpoint_interval=2)
     (torchrun,) = children(process.pid)
     workers = children(torchrun)
     assert len(workers) == 2
