@@ -9,6 +9,8 @@
 #   NNODES, NODE_RANK    multi-node runs; with RDZV_ENDPOINT (host:port, c10d rendezvous, preferred)
 #                        or MASTER_ADDR/MASTER_PORT (static rendezvous)
 #   LOG_RANK             which local rank prints (default 0; "all" for every rank)
+#   MAX_RESTARTS         restart the workers up to this many times after a failure (torchrun --max-restarts);
+#                        restarted workers resume from the last checkpoint (default 0)
 #   CONFIG_FILE          config file or name, as --config (torchtitan habit)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -29,8 +31,18 @@ rank_filter=()
 if [ "$log_rank" != "all" ]; then
     rank_filter=(--local-ranks-filter "$log_rank")
 fi
+# torch shares the agents' rendezvous store with the workers by default, and a restarted worker can then read
+# its peers' addresses from the failed attempt (pytorch/pytorch#135712): give each attempt a store of its own.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
+launch_dir="$(mktemp -d)"  # private (0700): the single-node stores below, the workers' error lines
 if [ "$nnodes" = "1" ]; then
-    rendezvous=(--standalone)
+    # One machine: nothing listens beyond loopback. torchrun's own TCP store would listen on every interface
+    # with no authentication, so the agent's rendezvous and the workers' store are files in the launch
+    # folder, and gloo and NCCL bind to the loopback interface (see docs/reliability.md).
+    rendezvous=(--nnodes 1 --rdzv_backend c10d --rdzv_endpoint "$launch_dir/rendezvous" --rdzv_conf store_type=file
+        --rdzv_id dtrain)
+    export DTRAIN_STORE_FILE="$launch_dir/store" GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-lo}" \
+        NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
 elif [ -n "${RDZV_ENDPOINT:-}" ]; then
     rendezvous=(--nnodes "$nnodes" --rdzv_backend c10d --rdzv_endpoint "$RDZV_ENDPOINT" --rdzv_id "${RDZV_ID:-dtrain}")
 else
@@ -41,7 +53,6 @@ fi
 # Validate once, before torchrun starts any worker: a bad config gets one line, not one per rank plus
 # torchrun's failure report. --help and print_config are answered here too.
 # Exit code 3 means the check answered the request itself (--help, print_config): nothing to launch.
-launch_dir="$(mktemp -d)"
 check=0
 WORLD_SIZE=$((nproc * nnodes)) DTRAIN_RUN_DIR_FILE="$launch_dir/run_dir" \
     python -m dtrain.main --launcher_check "$@" || check=$?
@@ -53,4 +64,4 @@ export LOG_RANK="$log_rank"
 # torchrun runs under dtrain/launcher.py: the run ends with the first failing rank's one line, torchrun's own
 # report goes to a file in the run folder, and signals reach torchrun once.
 exec python -m dtrain.launcher "$launch_dir" torchrun --nproc_per_node "$nproc" "${rendezvous[@]}" \
-    "${rank_filter[@]}" --role rank --tee 3 -m dtrain.main "$@"
+    --max-restarts "${MAX_RESTARTS:-0}" "${rank_filter[@]}" --role rank --tee 3 -m dtrain.main "$@"

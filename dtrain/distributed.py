@@ -19,6 +19,8 @@ from torch.distributed.tensor import DTensor
 
 from dtrain.launcher_watch import exit_when_orphaned
 
+STORE_FILE_ENV = "DTRAIN_STORE_FILE"
+
 if TYPE_CHECKING:  # importing parallelize would load FSDP and TP for every CLI call
     from dtrain.parallelize.mesh import ParallelMesh
 
@@ -72,6 +74,25 @@ def backend_for(device: torch.device) -> str:
     return "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
 
 
+def join_process_group(backend: str, world_size: int, timeout: timedelta) -> None:
+    """Join the default process group through torchrun's TCP store, or through a file store where run_train.sh
+    names one (DTRAIN_STORE_FILE, single-node runs: no socket then listens beyond loopback).
+
+    A file store's keys outlive a failed attempt, so each restart (torchrun --max-restarts) gets its own file,
+    or the restarted workers would read their peers' addresses from the attempt that failed.
+    """
+    store_file = os.environ.get(STORE_FILE_ENV)
+    if not store_file:
+        dist.init_process_group(backend=backend, timeout=timeout)
+        return
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.FileStore(f"{store_file}-{attempt}", world_size)
+    store.set_timeout(timeout)
+    dist.init_process_group(
+        backend=backend, store=store, rank=int(os.environ["RANK"]), world_size=world_size, timeout=timeout
+    )
+
+
 @contextlib.contextmanager
 def init_world(timeout_s: int = 600) -> Iterator[World]:
     """Join the process group (NCCL on CUDA, gloo on CPU) for the duration of the run and always leave it."""
@@ -80,7 +101,7 @@ def init_world(timeout_s: int = 600) -> Iterator[World]:
     device = pick_device(local_rank)
     if world_size > 1:
         exit_when_orphaned()
-        dist.init_process_group(backend=backend_for(device), timeout=timedelta(seconds=timeout_s))
+        join_process_group(backend_for(device), world_size, timedelta(seconds=timeout_s))
     try:
         yield World(int(os.environ.get("RANK", "0")), local_rank, world_size, device)
     finally:

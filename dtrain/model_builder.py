@@ -1,7 +1,8 @@
 """This rank's model parts, built the abstract-init way: meta device, parallelize, materialize, initialise.
 
 No rank ever holds the whole model: it is built on the meta device (free), cut into this rank's pipeline stages
-when there are any, parallelized, moved to the device with ``to_empty``, and only then given its values.
+when there are any, parallelized, checked against the memory it will need (``memory_preflight``), moved to the
+device with ``to_empty``, and only then given its values.
 """
 
 from __future__ import annotations
@@ -12,15 +13,18 @@ import torch
 from torch import nn
 
 from dtrain.layout import ParallelLayout
+from dtrain.memory_preflight import Workload, check_memory
 from dtrain.parallelize import FamilySpec, init_weights_like_single_device, init_weights_sharded
 from dtrain.parallelize.pipeline_split import StageModule, split_model
 from dtrain.rng import derive_seed
 
 
 def build_model_parts(
-    family: FamilySpec, model_args, layout: ParallelLayout, device: torch.device, seed: int
+    family: FamilySpec, model_args, layout: ParallelLayout, device: torch.device, seed: int, workload: Workload
 ) -> list[StageModule]:
     """This rank's model parts, parallelized, on `device`, initialised and in train mode, each with its stage index.
+
+    A `workload` whose estimated memory cannot fit is refused before anything is allocated on `device`.
 
     Under pipeline parallelism these are the rank's stages; otherwise the whole model, as the one stage (index 0)
     of a pipeline of one.
@@ -34,6 +38,8 @@ def build_model_parts(
         StageModule(stage.index, family.parallelize(stage.module, layout.mesh, layout.dims, layout.options))
         for stage in stages
     ]
+    # The parts are still on the meta device with their final local shapes: the last moment to refuse for free.
+    check_memory([stage.module for stage in stages], model_args, layout, workload, device)
     for stage in stages:
         stage.module.to_empty(device=device)
         stage.module.train()

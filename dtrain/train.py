@@ -24,6 +24,7 @@ from dtrain.errors import DtrainError
 from dtrain.layout import ParallelLayout, build_layout
 from dtrain.layout_report import compute_dtype, describe_layout, log_memory, log_parallel_plans, whole_metrics
 from dtrain.lr_schedule import build_lr_scheduler
+from dtrain.memory_preflight import Workload
 from dtrain.metrics import MetricsLogger
 from dtrain.model_builder import build_model_parts
 from dtrain.models import ModelFamily, count_params
@@ -45,7 +46,9 @@ def build_train_state(
 ) -> TrainState:
     """Model parts (meta → parallelized → materialized → initialised), optimizer, schedule, data and the executor
     of this layout, as one state."""
-    stages = build_model_parts(family, args, layout, world.device, seed=cfg.debug.seed)
+    stages = build_model_parts(
+        family, args, layout, world.device, seed=cfg.debug.seed, workload=Workload.of(cfg, layout)
+    )
     model_parts = [stage.module for stage in stages]
     optimizer = build_optimizers(model_parts, cfg.optimizer, world.device)
     lr_scheduler = build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler)

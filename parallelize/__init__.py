@@ -30,7 +30,7 @@ from dtrain.parallelize.errors import ParallelismError
 from dtrain.parallelize.families import FAMILIES, get_family
 from dtrain.parallelize.family_spec import FamilySpec
 from dtrain.parallelize.init import init_weights_like_single_device, init_weights_sharded, model_fqn
-from dtrain.parallelize.memory import MemoryFootprint, memory_footprint
+from dtrain.parallelize.memory import MemoryFootprint, local_shard, memory_footprint
 from dtrain.parallelize.mesh import MESH_DIM_NAMES, ParallelMesh, build_mesh, fsdp_mesh
 from dtrain.parallelize.options import ParallelizeOptions
 from dtrain.parallelize.parallel_dims import ParallelDims
@@ -69,6 +69,7 @@ __all__ = [
     "init_weights_like_single_device",
     "init_weights_sharded",
     "local_loss",
+    "local_shard",
     "loss_parallel_context",
     "memory_footprint",
     "model_fqn",

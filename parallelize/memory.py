@@ -13,11 +13,16 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of `tensor` this rank stores (its local shard for a DTensor; also on the meta device)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def _local_bytes(tensors) -> int:
     total = 0
     for tensor in tensors:
         if tensor is not None:
-            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+            local = local_shard(tensor)
             total += local.numel() * local.element_size()
     return total
 

@@ -5,7 +5,9 @@ TrainState through CheckpointManager several times per mode, as the trainer does
 step. Blocked time is how long the loop waited for the checkpoint: the whole save when synchronous; when async,
 the call plus any wait for the background copy before the next optimizer step (CheckpointManager.last_blocked_s).
 The next step's time beside a quiet step's shows what the background work costs the step otherwise (the copy and
-the writer share the CPU with it). Prints a Markdown table for docs/benchmarks.md.
+the writer share the CPU with it). Then the cost of checksums: the same state saved by DCP's plain writer and by
+dtrain's checksumming one, and loaded by a reader that verifies every item against them and by one that does not.
+Prints Markdown tables for docs/benchmarks.md.
 
     python scripts/bench_checkpoint.py                        # ~60M parameters, 3 rounds per mode
     python scripts/bench_checkpoint.py --dim 1024 --layers 16 --rounds 5
@@ -24,8 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
 
-from dtrain.checkpoint import CheckpointManager
+from dtrain.checkpoint import CheckpointManager, dcp_io
+from dtrain.checkpoint.folders import CommitRecord, commit
+from dtrain.checkpoint.safe_reading import SafeFileSystemReader, SafeLoadPlanner
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_dataloader, build_tokenizer
 from dtrain.lr_schedule import build_lr_scheduler
@@ -105,6 +110,32 @@ def time_modes(state: TrainState, cfg: JobConfig, modes: list[str], rounds: int,
     return [timings[mode] for mode in modes]
 
 
+def time_checksums(state: TrainState, rounds: int, run_dir: Path) -> dict[str, list[float]]:
+    """Seconds per save and load of the full state, without and with checksums, taking turns within each round."""
+    times: dict[str, list[float]] = {"save": [], "save, checksummed": [], "load": [], "load, verified": []}
+    for round_ in range(rounds + 1):  # the first round warms the page cache and the allocator: not timed
+        plain, checked = run_dir / f"plain-{round_}", run_dir / f"checked-{round_}"
+        started = time.perf_counter()
+        dcp.save(state.state_dict(), checkpoint_id=str(plain), no_dist=True)
+        saved_plain = time.perf_counter()
+        dcp_io.save(state.state_dict(), checked.with_name(checked.name + ".partial"))
+        commit(checked.with_name(checked.name + ".partial"), checked, CommitRecord(step=state.step, kind="full"))
+        saved_checked = time.perf_counter()
+        dcp.load(state.state_dict(), storage_reader=SafeFileSystemReader(str(plain)), planner=SafeLoadPlanner(),
+                 no_dist=True)
+        loaded_plain = time.perf_counter()
+        dcp_io.load(state.state_dict(), checked)
+        loaded_checked = time.perf_counter()
+        if round_:
+            times["save"].append(saved_plain - started)
+            times["save, checksummed"].append(saved_checked - saved_plain)
+            times["load"].append(loaded_plain - saved_checked)
+            times["load, verified"].append(loaded_checked - loaded_plain)
+        shutil.rmtree(plain)
+        shutil.rmtree(checked)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dim", type=int, default=512)
@@ -127,6 +158,7 @@ def main() -> None:
     try:
         timings = time_modes(state, cfg, modes, opts.rounds, run_dir)
         size_mb = sum(p.stat().st_size for p in (run_dir / "disabled").rglob("*") if p.is_file()) / 1e6
+        checksum_times = time_checksums(state, opts.rounds, run_dir)
     finally:
         if opts.folder is None:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -142,6 +174,14 @@ def main() -> None:
         print(f"| {t.mode} | {blocked:.3f} | {100 * blocked / sync_blocked:.0f}% | "
               f"{statistics.median(t.step_s):.2f} / {statistics.median(t.quiet_step_s):.2f} | "
               f"{statistics.median(t.written_s):.3f} |")
+
+    print("\n| | without checksums (s) | with checksums (s) | cost |")
+    print("|---|---|---|---|")
+    for what, plain, checked in (
+        ("save (sync, full state)", "save", "save, checksummed"), ("load (full state)", "load", "load, verified")
+    ):
+        plain_s, checked_s = statistics.median(checksum_times[plain]), statistics.median(checksum_times[checked])
+        print(f"| {what} | {plain_s:.3f} | {checked_s:.3f} | {100 * (checked_s / plain_s - 1):+.0f}% |")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from dtrain.checkpoint.checksums import ChecksumMismatch, ChecksummingWriter, VerifyingReader
+from dtrain.checkpoint.folders import COMMIT_FILE, read_record
 from dtrain.checkpoint.safe_reading import (
-    SafeFileSystemReader,
     SafeLoadPlanner,
     SafeWholeStateLoadPlanner,
     UnsafeCheckpoint,
@@ -87,10 +88,13 @@ def read_whole_state(path: Path) -> dict[str, Any]:
     # empty dict), but through the safe reader and planner: torch's would run the checkpoint's pickles.
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    read_metadata(path)
+    reader = verifying_reader(path)
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeWholeStateLoadPlanner(),
-                     no_dist=True)
+    try:
+        _load_state_dict(state, storage_reader=reader, planner=SafeWholeStateLoadPlanner(), no_dist=True)
+    except CheckpointException as err:
+        _raise_refusal(err)
+        raise
     return state
 
 
@@ -161,28 +165,42 @@ def read_metadata(path: Path) -> Metadata:
     return read_metadata_file(path / ".metadata")
 
 
+def verifying_reader(path: Path) -> VerifyingReader:
+    """The reader for the checkpoint at `path`: its metadata read safely first (so that a refused file surfaces as
+    itself, not inside DCP's collective error), its items checked against its commit record's checksums where it
+    has one (DamagedCheckpoint if the record no longer matches the files)."""
+    read_metadata(path)
+    checksums = read_record(path).checksums if (path / COMMIT_FILE).is_file() else {}
+    return VerifyingReader(str(path), checksums)
+
+
+def _raise_refusal(err: CheckpointException) -> None:
+    """Re-raise a refusal of ours (unsafe pickle, damaged bytes) from inside DCP's per-rank wrapping as itself."""
+    refused = [f[0] if isinstance(f, tuple) else f for f in err.failures.values()]
+    ours = next((f for f in refused if isinstance(f, (UnsafeCheckpoint, ChecksumMismatch))), None)
+    if ours is not None:
+        raise ours from None
+
+
 def load(state_dict: dict[str, Any], path: Path, process_group: dist.ProcessGroup | None = None) -> None:
     """Fill `state_dict` in place from the checkpoint at `path` (tensors are copied into, other values replaced).
 
-    Nothing in the checkpoint runs as code: UnsafeCheckpoint (one line) for a file that tries.
+    Nothing in the checkpoint runs as code (UnsafeCheckpoint), and every item read is checked against the
+    checksum committed with it (ChecksumMismatch); both are one line.
     """
-    # Read first so that a refused metadata file surfaces as itself, not inside DCP's collective error.
-    read_metadata(path)
+    reader = verifying_reader(path)
     try:
-        dcp.load(
-            state_dict, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(),
-            process_group=process_group, no_dist=_single_process(),
-        )
+        dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group,
+                 no_dist=_single_process())
     except CheckpointException as err:
-        refused = [f[0] if isinstance(f, tuple) else f for f in err.failures.values()]
-        unsafe = next((f for f in refused if isinstance(f, UnsafeCheckpoint)), None)
-        if unsafe is not None:
-            raise unsafe from None
+        _raise_refusal(err)
         raise
 
 
 def save(state_dict: dict[str, Any], path: Path, process_group: dist.ProcessGroup | None = None) -> None:
-    dcp.save(state_dict, checkpoint_id=str(path), process_group=process_group, no_dist=_single_process())
+    """Write `state_dict` to `path`, with a checksum of every item (checksums.py)."""
+    dcp.save(state_dict, storage_writer=ChecksummingWriter(str(path)), process_group=process_group,
+             no_dist=_single_process())
 
 
 class AsyncSaver:
@@ -219,7 +237,7 @@ class AsyncSaver:
             self._stager = DefaultStager(self._options)
         response = dcp.async_save(
             state_dict,
-            checkpoint_id=str(path),
+            storage_writer=ChecksummingWriter(str(path)),
             process_group=self._process_group,
             async_stager=self._stager,
             no_dist=_single_process(),

@@ -7,7 +7,8 @@
 A checkpoint is written under `step-N.partial`, verified (the DCP metadata reads back and every file it refers to
 is there and long enough), given its commit record, and only then renamed to `step-N`. A rename within one folder
 is atomic, so a `step-N` folder with a record is a whole checkpoint; the record lists every file's size, so a
-checkpoint truncated or damaged later is recognised before anything is loaded from it.
+checkpoint truncated later is recognised before anything is loaded from it, and a checksum of every stored item
+(checksums.py), so bytes changed in place are recognised as they are read.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from dtrain.checkpoint.checksums import ALGORITHM, ChecksumMismatch, check_metadata_file, collect_checksums
 from dtrain.checkpoint.safe_reading import read_metadata_file
 
 
@@ -54,6 +56,9 @@ class CommitRecord:
     torch_version: str = ""
     # Whether the head shared the embedding's weight; None where not recorded (older and converted checkpoints).
     tie_word_embeddings: bool | None = None
+    # {file: {byte offset: digest}} of every stored item and of .metadata (checksums.py); empty in older records.
+    checksums: dict = field(default_factory=dict)
+    checksum_algorithm: str = ""
 
     @property
     def model_only(self) -> bool:
@@ -117,24 +122,33 @@ def is_dcp_checkpoint(path: Path) -> bool:
     return (path / ".metadata").is_file()
 
 
-def written_files(path: Path) -> dict[str, int]:
-    """Check a just-written DCP folder and return {file name: size} of every file in it (the record excluded).
-
-    The metadata must read back and every storage file it refers to must hold the bytes it points at.
-    """
+def _read_metadata(path: Path):
     try:
-        metadata = read_metadata_file(path / ".metadata")
+        return read_metadata_file(path / ".metadata")
     except Exception as err:  # a torn, unreadable or refused .metadata: the message is what matters
         raise DamagedCheckpoint(f"{path}/.metadata cannot be read ({type(err).__name__}: {err})") from err
-    sizes = {p.name: p.stat().st_size for p in path.iterdir() if p.is_file() and p.name != COMMIT_FILE}
+
+
+def written_files(path: Path) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
+    """Check a just-written DCP folder: ({file name: size} of every file in it but the record, the checksums).
+
+    The metadata must read back, every storage file it refers to must hold the bytes it points at, and every
+    stored item must have the checksum its writer took (the writers' side files are folded into the result).
+    """
+    metadata = _read_metadata(path)
     needed: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
         name = str(info.relative_path)
         needed[name] = max(needed.get(name, 0), int(info.offset) + int(info.length))
+    try:
+        checksums = collect_checksums(path, metadata)
+    except ChecksumMismatch as err:
+        raise DamagedCheckpoint(str(err)) from None
+    sizes = {p.name: p.stat().st_size for p in path.iterdir() if p.is_file() and p.name != COMMIT_FILE}
     for name, length in sorted(needed.items()):
         if sizes.get(name, -1) < length:
             raise DamagedCheckpoint(f"{path}/{name} holds {sizes.get(name, 0)} bytes where {length} were written")
-    return sizes
+    return sizes, checksums
 
 
 def read_record(path: Path) -> CommitRecord:
@@ -151,9 +165,10 @@ def read_record(path: Path) -> CommitRecord:
             raise DamagedCheckpoint(f"{file} {found}; {size} were committed")
     if is_dcp_checkpoint(path):
         try:
-            read_metadata_file(path / ".metadata")
-        except Exception as err:
-            raise DamagedCheckpoint(f"{path}/.metadata cannot be read ({type(err).__name__}: {err})") from err
+            check_metadata_file(path, record.checksums)
+        except ChecksumMismatch as err:
+            raise DamagedCheckpoint(str(err)) from None
+        _read_metadata(path)
     return record
 
 
@@ -179,7 +194,8 @@ def write_record(path: Path, record: CommitRecord) -> None:
 
 def commit(partial: Path, final: Path, record: CommitRecord) -> CommitRecord:
     """Verify the DCP files in `partial`, record them, and rename the folder to `final` (replacing an older one)."""
-    record = replace(record, files=written_files(partial))
+    sizes, checksums = written_files(partial)
+    record = replace(record, files=sizes, checksums=checksums, checksum_algorithm=ALGORITHM)
     write_record(partial, record)
     replaced = None
     if final.exists():

@@ -18,6 +18,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from dtrain.checkpoint import dcp_io
+from dtrain.checkpoint.checksums import ChecksumMismatch
 from dtrain.checkpoint.context import RunContext
 from dtrain.checkpoint.folders import (
     COMMIT_FILE,
@@ -336,7 +337,7 @@ def check_data_layout(ctx: RunContext, path: Path, record: CommitRecord) -> None
 def _load(ctx: RunContext, wanted: dict, path: Path) -> None:
     try:
         dcp_io.load(wanted, path)
-    except UnsafeCheckpoint as err:
+    except (UnsafeCheckpoint, ChecksumMismatch, DamagedCheckpoint) as err:
         # Nothing ran; like any unreadable checkpoint it may be fallen back from (checkpoint.fallback_to_previous).
         raise LoadFailed(f"cannot load checkpoint {path}: {err}") from None
     except (Exception, CheckpointException) as err:

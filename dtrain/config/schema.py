@@ -108,6 +108,11 @@ class Training:
         "first. Above 0 the step reads the loss on the host every step.",
         minimum=0,
     )
+    skip_memory_check: bool = opt(
+        False,
+        "Start even when the pre-flight estimate of per-rank memory (params, grads, optimizer, activations, batches) "
+        "exceeds the device's or the host's memory; the estimate is then logged as a warning.",
+    )
 
 
 @dataclass

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,3 +32,22 @@ def run_train(*args: str, timeout: int = 240, **env: str) -> subprocess.Complete
 def read_metrics(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
     return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
 
+
+
+def start_two_process_run(run_dir: Path, checkpoint_interval: int, *args: str, steps: int = 400,
+                          **env: str) -> subprocess.Popen:
+    """A 2-process run through run_train.sh (long unless `steps` says), returned once it has logged two steps."""
+    args = [*TINY, "--training.steps", str(steps), "--checkpoint.enable", "--checkpoint.interval",
+            str(checkpoint_interval), "--job.dump_folder", str(run_dir), *args]
+    process = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=user_env(NPROC="2", **env), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while not ((run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 2):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    return process
+
+
+def children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found]

@@ -1,5 +1,7 @@
 """End to end through ./run_train.sh on the debug config: training, outputs, determinism and error handling."""
 
+import time
+
 import pytest
 from run_train_helpers import TINY, read_metrics, run_train
 
@@ -48,6 +50,19 @@ def test_missing_tokenizer_names_the_file_and_the_download_script(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Llama-3.1-8B" in lines[0] and "download_hf_assets.py" in lines[0]
     assert not run_dir.exists()
+
+
+def test_a_model_too_big_for_the_machine_is_refused_in_one_line_before_allocation(tmp_path):
+    run_dir = tmp_path / "run"
+    start = time.monotonic()
+    # 405B with AdamW needs about 7 TiB per process: no test machine has that, and allocating it would take minutes.
+    result = run_train("--model.flavor", "405B", "--job.dump_folder", str(run_dir))
+    assert time.monotonic() - start < 30
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: estimated memory per rank "), result.stderr[-2000:]
+    assert "params" in lines[0] and "optimizer" in lines[0] and "--training.skip_memory_check" in lines[0]
+    assert list(run_dir.iterdir()) == []  # no config.toml, no metrics, no lock
 
 
 def test_help_and_print_config_answer_without_training(tmp_path):

@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from run_train_helpers import REPO, TINY, read_metrics, run_train, user_env
+from run_train_helpers import TINY, children, run_train, start_two_process_run
 
 from dtrain.launcher import filter_output, outcomes, summary
 
@@ -25,19 +25,6 @@ def test_a_failing_multi_process_run_ends_with_the_ranks_one_line(tmp_path):
     report = last.rsplit("torchrun's report: ", 1)[1].rstrip(")")
     assert report.startswith(f"{run_dir}/torchrun-") and "ChildFailedError" in open(report).read()
     assert "ChildFailedError" not in result.stderr and "Traceback" not in result.stderr
-
-
-def start_two_process_run(run_dir, checkpoint_interval: int) -> subprocess.Popen:
-    """A long 2-process run through run_train.sh, returned once it has logged two steps."""
-    args = [*TINY, "--training.steps", "400", "--checkpoint.enable", "--checkpoint.interval",
-            str(checkpoint_interval), "--job.dump_folder", str(run_dir)]
-    process = subprocess.Popen(["./run_train.sh", *args], cwd=REPO, env=user_env(NPROC="2"), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 180
-    while not ((run_dir / "metrics.jsonl").exists() and len(read_metrics(run_dir)) >= 2):
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    return process
 
 
 @pytest.mark.slow
@@ -74,11 +61,6 @@ def test_the_summary_names_the_first_failure_or_torchruns_last_line(tmp_path):
         (errors / f"rank{rank}").write_text("1.0\nok\nfinished\n")
     assert summary(errors, report, None, 2, "SIGTERM") is None  # a preemption, not a failure
     assert summary(errors, report, None, 3, "SIGTERM").startswith("error: torchrun failed")  # a worker is missing
-
-
-def children(pid: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in found]
 
 
 def alive(pid: int) -> bool:
