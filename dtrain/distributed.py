@@ -118,17 +118,18 @@ def dp_rank_and_size(mesh: ParallelMesh | None) -> tuple[int, int]:
 
 
 def sum_over_dp(tensor: torch.Tensor, mesh: ParallelMesh | None) -> torch.Tensor:
-    """The sum of `tensor` over the data-parallel ranks, as a new plain tensor (the input is left alone).
+    """The sum of `tensor` over the ranks that hold different tokens of the global batch (data × context
+    parallel), as a new plain tensor (the input is left alone).
 
     A DTensor (a loss under loss parallel is replicated over the TP ranks) is made whole first; that costs no
     communication for a replicated value.
     """
     if isinstance(tensor, DTensor):
         tensor = tensor.full_tensor()
-    if mesh is None or mesh["dp"].size() == 1:
+    if mesh is None or mesh["dp_cp"].size() == 1:
         return tensor.clone()
     total = tensor.clone()
-    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mesh["dp"].get_group())
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=mesh["dp_cp"].get_group())
     return total
 
 

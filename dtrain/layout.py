@@ -11,6 +11,7 @@ activation checkpointing and compile only (no mesh), so every config key means t
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Callable
@@ -21,6 +22,7 @@ from dtrain.config.schema import JobConfig, Parallelism
 from dtrain.distributed import World, dp_rank_and_size, dp_summer
 from dtrain.errors import ConfigError
 from dtrain.parallelize import FamilySpec, ParallelDims, ParallelismError, ParallelizeOptions, build_mesh
+from dtrain.parallelize.context_parallel import shard_sequence
 from dtrain.parallelize.mesh import ParallelMesh
 from dtrain.parallelize.pipeline_plan import PipelinePlan, plan_pipeline
 
@@ -35,19 +37,28 @@ class RankCoordinates:
     # Keys of this rank's random streams (rng.py), so that data-parallel ranks draw different ones.
     rng_coords: tuple = ()
     reduce_over_dp: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda t: t)
+    cp_size: int = 1
+    # This rank's tokens of a microbatch's sequences under context parallel (None without).
+    shard_sequence: Callable[[dict], dict] | None = None
 
     @classmethod
-    def on(cls, mesh: ParallelMesh | None) -> RankCoordinates:
+    def on(cls, mesh: ParallelMesh | None, cp_load_balancer: str = "headtail") -> RankCoordinates:
         """This rank's coordinates on `mesh` (None: the one process of a world of one)."""
         if mesh is None:
             return cls()
         dp_rank, dp_size = dp_rank_and_size(mesh)
+        cp_rank, cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
         return cls(
             pp_rank=mesh["pp"].get_local_rank(),
             dp_rank=dp_rank,
             dp_size=dp_size,
             rng_coords=("dp", dp_rank),
             reduce_over_dp=dp_summer(mesh),
+            cp_size=cp_size,
+            shard_sequence=(
+                functools.partial(shard_sequence, cp_rank=cp_rank, cp=cp_size, load_balancer=cp_load_balancer)
+                if cp_size > 1 else None
+            ),
         )
 
 
@@ -92,6 +103,8 @@ def parallelize_options(cfg: JobConfig, device_type: str) -> ParallelizeOptions:
         compile_backend=cfg.compile.backend,
         compile_trace_dir=os.path.join(cfg.job.dump_folder, trace) if cfg.compile.enable and trace else None,
         async_tp=cfg.parallelism.enable_async_tensor_parallel,
+        cp_load_balancer=cfg.parallelism.context_parallel_load_balancer,
+        cp_rotate_method=cfg.parallelism.context_parallel_rotate_method,
     )
 
 
@@ -125,6 +138,7 @@ def check_layout(cfg: JobConfig, world_size: int, family: FamilySpec, model_args
         dims = parallel_dims(cfg.parallelism, world_size)
         pipeline_plan(cfg.parallelism, training.local_batch_size, dims, family, model_args)
         family.check_shapes(dims, model_args, training.seq_len)
+        dims.check_cp_divides(training.seq_len, cfg.parallelism.context_parallel_load_balancer)
         family.check_hooks(dims)
         dims.gradient_accumulation_steps(training.local_batch_size, training.global_batch_size)
         parallelize_options(cfg, device_type).validate(dims)
@@ -140,4 +154,4 @@ def build_layout(cfg: JobConfig, world: World, family: FamilySpec, model_args) -
         return ParallelLayout(dims, options)
     mesh = build_mesh(dims, world.device.type)
     plan = pipeline_plan(cfg.parallelism, cfg.training.local_batch_size, dims, family, model_args)
-    return ParallelLayout(dims, options, mesh=mesh, plan=plan, rank=RankCoordinates.on(mesh))
+    return ParallelLayout(dims, options, mesh=mesh, plan=plan, rank=RankCoordinates.on(mesh, options.cp_load_balancer))

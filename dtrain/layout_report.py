@@ -28,13 +28,14 @@ def describe_layout(layout: ParallelLayout) -> str:
             ("HSDP", d.hsdp_enabled),
             ("FSDP", d.fsdp_enabled and not d.hsdp_enabled),
             ("DDP", d.ddp_enabled),
+            ("CP", d.cp_enabled),
             ("TP+SP" if d.sequence_parallel_enabled else "TP", d.tp_enabled),
         )
         if on
     ]
     return (
         f"{d.world_size} processes ({' + '.join(kinds)}: pp {d.pp} × dp_replicate {d.dp_replicate}"
-        f" × dp_shard {d.dp_shard} × tp {d.tp})"
+        f" × dp_shard {d.dp_shard}{f' × cp {d.cp}' if d.cp_enabled else ''} × tp {d.tp})"
     )
 
 

@@ -22,6 +22,8 @@ The estimate, in bytes on this rank's device:
                                                 + the output the next linear keeps (gathered whole under SP)
       layer = 2 norm + a (4 q + 4 f) / tp       + SDPA's q, k, v, output; SwiGLU's w1, w3, silu and product
               [+ (4 + a) (q + kv) / tp]         + QK-norm's input and normed value, where the model has it
+              [+ cp extra]                      + under context parallel, the whole sequence's keys and values
+                                                (and, off CPU, a mask): ``context_parallel_extra``
       head  = norm + 12 V / lp                  + fp32 log-softmax output, its gradient and the logits' gradient
 
   A layer under full activation checkpointing keeps only its input, ``a h / sp``; under selective-by-op AC its
@@ -222,7 +224,7 @@ def activation_bytes(
     for part in parts:
         decoder = decoder_layout(part)
         qk_norm = (FP32 + a) * (q + kv) / tp if getattr(part, "qk_norm", False) else 0.0
-        layer = 2 * norm + a * (4 * q + 4 * f) / tp + qk_norm
+        layer = 2 * norm + a * (4 * q + 4 * f) / tp + qk_norm + context_parallel_extra(layout, a, q, kv, seq_len)
         n_blocks = len(decoder.blocks_of(part))
         checkpointed = 0 if options.ac_mode == "none" else n_blocks // (every_nth or 1)
         kept += checkpointed * kept_if_checkpointed + (n_blocks - checkpointed) * layer
@@ -237,6 +239,19 @@ def activation_bytes(
     return math.ceil(tokens * (in_flight * kept + max(head if head_here else 0.0, recompute)))
 
 
+def context_parallel_extra(layout: ParallelLayout, a: int, q: int, kv: int, seq_len: int) -> float:
+    """Per local token of a layer, what context parallel's attention keeps instead of the per-token keys and values
+    (``2 a q / tp``, repeated): on CPU the blockwise attention keeps the whole sequence's, with their kv heads only
+    (``2 a kv cp / tp``); elsewhere the masked attention keeps them repeated (``2 a q cp / tp``) and its mask as
+    fp32 (4 bytes per key of the whole sequence; parallelize/context_parallel.py)."""
+    cp, tp = layout.dims.cp, layout.dims.tp
+    if cp == 1:
+        return 0.0
+    if layout.options.device_type == "cpu":
+        return 2 * a * (kv * cp - q) / tp
+    return 2 * a * q * (cp - 1) / tp + FP32 * seq_len
+
+
 def gathered_bytes(parts: list[nn.Module], layout: ParallelLayout) -> int:
     """FSDP's all-gathered block parameters in the compute dtype: two blocks at a time, or every block when they
     are never resharded after forward."""
@@ -248,7 +263,7 @@ def gathered_bytes(parts: list[nn.Module], layout: ParallelLayout) -> int:
         for block in decoder_layout(part).blocks_of(part).values()
     ]
     held = sum(blocks) if layout.options.reshard_after_forward == "never" else sum(sorted(blocks)[-2:])
-    return held * layout.dims.dp_shard * compute_dtype(layout).itemsize
+    return held * layout.dims.dp_shard * layout.dims.cp * compute_dtype(layout).itemsize
 
 
 def host_memory_bytes() -> int:

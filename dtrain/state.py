@@ -57,7 +57,11 @@ class TrainState(Stateful):
     # How the step talks to the rest of the world; set by the trainer from the rank's coordinates in the layout.
     dp_size: int = 1
     rng_coords: tuple = ()
+    # Sums over the ranks that hold different tokens (data × context parallel).
     reduce_over_dp: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda t: t)
+    # Context parallel: how many ranks share each sequence, and this rank's part of a microbatch.
+    cp_size: int = 1
+    shard_sequence: Callable[[dict], dict] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -31,11 +31,13 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     same global batch gives the same loss and gradient however it is split over microbatches and ranks.
     """
     seed_everything(state.seed, "step", state.step, *state.rng_coords)
+    if state.shard_sequence is not None:  # context parallel: this rank's tokens of every sequence
+        microbatches = [state.shard_sequence(mb) for mb in microbatches]
     local_tokens = sum((mb["labels"] != IGNORE_INDEX).sum() for mb in microbatches)
     global_tokens = state.reduce_over_dp(local_tokens)
-    # Data-parallel gradient reduction averages over dp ranks; scaling by dp_size turns that average into the
-    # sum that a division by the global token count needs.
-    grad_scale = state.dp_size / global_tokens
+    # Data-parallel gradient reduction averages over the dp (and cp) ranks; scaling by their number turns that
+    # average into the sum that a division by the global token count needs.
+    grad_scale = state.dp_size * state.cp_size / global_tokens
     # A family's extra loss term counts once per step whatever the split: the mean over the microbatches.
     extra_loss_weight = 1.0 / len(microbatches)
     loss_sum = torch.zeros((), device=global_tokens.device)
@@ -53,7 +55,7 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     lr = state.lr_scheduler.get_last_lr()[0]
     state.lr_scheduler.step()
     state.step += 1
-    state.tokens_seen += sum(mb["input_ids"].numel() for mb in microbatches) * state.dp_size
+    state.tokens_seen += sum(mb["input_ids"].numel() for mb in microbatches) * state.dp_size * state.cp_size
     return {"loss": loss, "grad_norm": grad_norm, "lr": lr}
 
 

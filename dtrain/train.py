@@ -69,6 +69,8 @@ def build_train_state(
         dp_size=rank.dp_size,
         rng_coords=rank.rng_coords,
         reduce_over_dp=rank.reduce_over_dp,
+        cp_size=rank.cp_size,
+        shard_sequence=rank.shard_sequence,
     )
 
 

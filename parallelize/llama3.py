@@ -18,6 +18,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInpu
 from dtrain.models.llama3 import LLAMA3, Llama3Args
 from dtrain.parallelize.activation_checkpoint import apply_ac
 from dtrain.parallelize.compile import apply_compile, start_compile_trace
+from dtrain.parallelize.context_parallel import apply_cp
 from dtrain.parallelize.data_parallel import apply_ddp, apply_fsdp, parse_dtype
 from dtrain.parallelize.errors import ParallelismError
 from dtrain.parallelize.family_spec import FamilySpec
@@ -119,6 +120,9 @@ def parallelize_decoder(
             model.output.weight = model.tok_embeddings.weight
         if options.async_tp:
             enable_async_tp(mesh["tp"])
+    if dims.cp_enabled:
+        # Before AC and compile, so that both see the attention that gathers keys and values over cp.
+        apply_cp(model.layers, mesh["cp"], options.cp_load_balancer)
     apply_ac(model.layers, options.ac_mode, options.selective_ac_option)
     if options.compile_model:
         if options.compile_trace_dir:

@@ -1,13 +1,17 @@
 """The device mesh: one named dimension per parallelism, plus the flattened views the trainer needs.
 
-Dimensions, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``. All are always present, size 1
+Dimensions, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``. All are always present, size 1
 included, so code can ask for ``mesh["tp"]`` without checking whether TP is on; a size-1 dimension costs one
 trivial process group. Pipeline stages talk point to point and least often, so ``pp`` is outermost (across
-nodes); TP, the chattiest, is innermost (within a node). Flattened views, kept by ``ParallelMesh`` itself (torch deprecates looking a flattened
-dimension up on the root mesh):
-- ``dp`` = dp_replicate × dp_shard: the ranks that see different data (batch splitting, loss and metric sums).
-FSDP shards over ``dp_shard`` (HSDP: the 2-D ``(dp_replicate, dp_shard)``). When context parallel arrives, its
-ranks also shard parameters: FSDP will then use a flattened ``dp_shard_cp``.
+nodes); TP, the chattiest, is innermost (within a node), with context parallel's key/value all-gathers next to it.
+Flattened views, kept by ``ParallelMesh`` itself (torch deprecates looking a flattened dimension up on the root
+mesh):
+- ``dp`` = dp_replicate × dp_shard: the ranks that see different data (batch splitting);
+- ``dp_cp`` = dp × cp: the ranks that hold different tokens of the global batch (loss and token-count sums);
+- ``dp_shard_cp`` = dp_shard × cp: what FSDP shards parameters over (as torchtitan does). CP ranks compute
+  gradients on different tokens of the same sequences, so they reduce gradients like data-parallel ranks, and
+  sharding over them too costs nothing extra.
+FSDP shards over ``dp_shard_cp`` (HSDP: the 2-D ``(dp_replicate, dp_shard_cp)``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from dtrain.parallelize.parallel_dims import ParallelDims
 
-MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 @dataclass(frozen=True)
@@ -26,25 +30,46 @@ class ParallelMesh:
     """The world mesh and its flattened views; ``mesh[name]`` gives any of them as a DeviceMesh."""
 
     world: DeviceMesh
-    dp: DeviceMesh
+    views: dict[str, DeviceMesh]
 
     def __getitem__(self, names: str | tuple[str, ...]) -> DeviceMesh:
-        return self.dp if names == "dp" else self.world[names]
+        return self.views[names] if isinstance(names, str) and names in self.views else self.world[names]
+
+
+def _flat(world: DeviceMesh, names: tuple[str, ...], name: str) -> DeviceMesh:
+    """The dimensions `names` of `world` as one; a single dimension as itself (no new process group)."""
+    sizes = [world[n].size() for n in names]
+    if sum(size > 1 for size in sizes) <= 1:
+        big = [n for n, size in zip(names, sizes) if size > 1]
+        return world[big[0] if big else names[-1]]
+    return world[names]._flatten(name)
 
 
 def build_mesh(dims: ParallelDims, device_type: str) -> ParallelMesh | None:
     """The world's mesh (needs an initialised process group), or None for a single process."""
     if dims.world_size == 1:
         return None
-    shape = (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp)
+    shape = (dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp)
     world = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIM_NAMES)
-    if dims.dp_shard > 1 and dims.tp > 1:
+    if dims.dp_shard > 1 and dims.tp > 1 and dims.cp == 1:
         # Gradients of FSDP x TP parameters are sharded over both; with this flattened view, DTensor reduces
         # their norm (gradient clipping) in one all-reduce instead of two in sequence.
         world["dp_shard", "tp"]._flatten("dp_shard_tp")
-    return ParallelMesh(world=world, dp=world["dp_replicate", "dp_shard"]._flatten("dp"))
+    views = {
+        "dp": world["dp_replicate", "dp_shard"]._flatten("dp"),
+        "dp_cp": _flat(world, ("dp_replicate", "dp_shard", "cp"), "dp_cp"),
+        "dp_shard_cp": _flat(world, ("dp_shard", "cp"), "dp_shard_cp"),
+    }
+    if dims.hsdp_enabled and dims.cp > 1:
+        # HSDP over (dp_replicate, dp_shard x cp): a 2-D mesh whose second dimension is itself flattened.
+        views["hsdp"] = views["dp_cp"]._unflatten(
+            0, (dims.dp_replicate, dims.dp_shard * dims.cp), ("dp_replicate", "dp_shard_cp")
+        )
+    else:
+        views["hsdp"] = world["dp_replicate", "dp_shard"]
+    return ParallelMesh(world=world, views=views)
 
 
 def fsdp_mesh(mesh: ParallelMesh, dims: ParallelDims) -> DeviceMesh:
-    """The mesh fully_shard applies to: ``dp_shard``, or ``(dp_replicate, dp_shard)`` for HSDP."""
-    return mesh["dp_replicate", "dp_shard"] if dims.hsdp_enabled else mesh["dp_shard"]
+    """The mesh fully_shard applies to: ``dp_shard_cp``, or ``(dp_replicate, dp_shard_cp)`` for HSDP."""
+    return mesh["hsdp"] if dims.hsdp_enabled else mesh["dp_shard_cp"]

@@ -30,6 +30,8 @@ class ParallelizeOptions:
     compile_backend: str = "inductor"  # [compile.backend]
     compile_trace_dir: str | None = None  # [<job.dump_folder>/<compile.trace_folder> when that is set]
     async_tp: bool = False  # [parallelism.enable_async_tensor_parallel]
+    cp_load_balancer: str = "headtail"  # [parallelism.context_parallel_load_balancer]
+    cp_rotate_method: str = "allgather"  # [parallelism.context_parallel_rotate_method]
 
     def validate(self, dims: ParallelDims) -> None:
         """Raise ParallelismError (one line, naming the key) for any invalid value or combination."""
@@ -44,5 +46,11 @@ class ParallelizeOptions:
         if self.cpu_offload and not dims.fsdp_enabled:
             raise ParallelismError(
                 "training.enable_cpu_offload offloads FSDP shards and needs parallelism.data_parallel_shard_degree > 1"
+            )
+        if dims.cp_enabled and self.cp_rotate_method != "allgather":
+            raise ParallelismError(
+                f"parallelism.context_parallel_rotate_method={self.cp_rotate_method!r} needs torch's ring attention "
+                "(CUDA), which dtrain does not use yet; its context parallel all-gathers keys and values on every "
+                "device (valid: allgather)"
             )
         check_async_tp(self.async_tp, tp=dims.tp, device_type=self.device_type, compile_model=self.compile_model)

@@ -20,7 +20,7 @@ CONFIG_KEYS = {
     "cp": "parallelism.context_parallel_degree",
     "ep": "parallelism.expert_parallel_degree",
 }
-_NOT_IMPLEMENTED = ("cp", "ep")
+_NOT_IMPLEMENTED = ("ep",)
 
 
 def _divisors(n: int) -> list[int]:
@@ -99,9 +99,13 @@ class ParallelDims:
         return self.tp > 1
 
     @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
+
+    @property
     def fsdp_enabled(self) -> bool:
-        """Parameters are managed by fully_shard (FSDP2 or HSDP)."""
-        return self.dp_shard > 1 or (self.dp_replicate > 1 and self.tp_enabled)
+        """Parameters are managed by fully_shard (FSDP2 or HSDP), which shards over dp_shard × cp."""
+        return self.dp_shard * self.cp > 1 or (self.dp_replicate > 1 and self.tp_enabled)
 
     @property
     def hsdp_enabled(self) -> bool:
@@ -135,6 +139,20 @@ class ParallelDims:
                 raise ParallelismError(
                     f"{CONFIG_KEYS['tp']}={self.tp} does not divide {name}={size} (valid: {_valid_list(valid)}{hint})"
                 )
+
+    def check_cp_divides(self, seq_len: int, load_balancer: str) -> None:
+        """Check that context parallel can cut every sequence into its chunks: 2 cp of them under the head-tail
+        load balancer, cp otherwise."""
+        if not self.cp_enabled:
+            return
+        chunks = 2 * self.cp if load_balancer == "headtail" else self.cp
+        if seq_len % chunks:
+            how = f"2 × {CONFIG_KEYS['cp']}" if load_balancer == "headtail" else CONFIG_KEYS["cp"]
+            raise ParallelismError(
+                f"training.seq_len={seq_len} is not a multiple of {how} = {chunks} "
+                f"(parallelism.context_parallel_load_balancer={load_balancer!r} cuts each sequence into {chunks} "
+                f"chunks; valid seq_len: {chunks}, {2 * chunks}, {3 * chunks}, ...)"
+            )
 
     def gradient_accumulation_steps(self, local_batch_size: int, global_batch_size: int) -> int:
         """Microbatches per optimizer step; `global_batch_size=-1` means one microbatch on every dp rank."""

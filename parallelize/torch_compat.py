@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
@@ -19,6 +20,10 @@ from torch.torch_version import TorchVersion
 # keeps the stager usable, with its host buffers cached from one save to the next. (Not checked on 2.12, which
 # is treated like 2.11: a fresh stager per save is correct everywhere, only without the buffer reuse.)
 ASYNC_STAGER_IS_REUSABLE = TorchVersion(torch.__version__) >= (2, 13)
+
+# The autograd-aware all-gather of functional collectives (backward: reduce-scatter): torch 2.13 names it
+# all_gather_single_autograd and deprecates all_gather_tensor_autograd, the only name torch 2.11 has.
+all_gather_autograd = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
 
 
 class PipelineStageWithoutSelfP2P(PipelineStage):

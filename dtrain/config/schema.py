@@ -149,7 +149,21 @@ class Parallelism:
         "[[\"tok_embeddings\", \"layers.0\"], [\"layers.1\", \"norm\", \"output\"]]; on the command line "
         "'tok_embeddings layers.0,layers.1 norm output'. Empty = split evenly.",
     )
-    context_parallel_degree: int = opt(1, "Context (sequence) parallel degree.", minimum=1)
+    context_parallel_degree: int = opt(
+        1, "Context parallel degree: every sequence is split over this many ranks (long contexts).", minimum=1
+    )
+    context_parallel_load_balancer: str = opt(
+        "headtail",
+        "How context parallel cuts a sequence: headtail (rank i holds chunks i and 2·cp−1−i of 2·cp, even causal "
+        "attention work) or none (rank i holds the i-th 1/cp).",
+        choices=("headtail", "none"),
+    )
+    context_parallel_rotate_method: str = opt(
+        "allgather",
+        "How keys and values reach every context-parallel rank: allgather (implemented on every device); "
+        "alltoall (torch's ring rotation on CUDA) is refused until dtrain uses torch's ring attention.",
+        choices=("allgather", "alltoall"),
+    )
     expert_parallel_degree: int = opt(1, "Expert parallel degree (MoE models).", minimum=1)
 
 

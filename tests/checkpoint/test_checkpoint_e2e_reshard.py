@@ -1,5 +1,5 @@
 """Through ./run_train.sh with several processes: a checkpoint saved under one layout resumes under another
-(world size, FSDP2/TP/PP degrees), and the losses continue within 1e-5 of the run that never stopped. Llama 3's
+(world size, FSDP2/TP/PP/CP degrees), and the losses continue within 1e-5 of the run that never stopped. Llama 3's
 debug model in every layout; Qwen3's once (the in-process worlds of test_checkpoint_reshard.py cover both)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ LAYOUTS = {
     # Two ranks in a V: four stages, and the 4 sequences of a step are its 4 pipeline microbatches.
     "pp2_zbv": ("2", {"data_parallel_shard_degree": 1, "pipeline_parallel_degree": 2,
                       "pipeline_parallel_schedule": "ZBVZeroBubble"}),
+    "cp2": ("2", {"data_parallel_shard_degree": 1, "context_parallel_degree": 2}),
     "single": ("1", {}),
 }
 # Qwen3's debug flavor (tied head, QK-norm), shrunk.
@@ -76,6 +77,16 @@ def test_fsdp2_checkpoint_resumes_in_one_process(fsdp2_run, tmp_path):
 def test_fsdp2_checkpoint_resumes_under_tp(fsdp2_run, tmp_path):
     run_dir, losses = fsdp2_run
     assert_continues(resume_under("tp2", run_dir, tmp_path), losses)
+
+
+def test_context_parallel_checkpoints_do_not_depend_on_cp(fsdp2_run, tmp_path):
+    """Saved at cp=2, resumed in one process; saved under FSDP2, resumed at cp=2: the losses continue."""
+    run_dir = tmp_path / "cp2"
+    train_layout("cp2", run_dir)
+    losses = {r["step"]: r["loss"] for r in read_metrics(run_dir)}
+    assert losses == pytest.approx(fsdp2_run[1], rel=1e-5)  # cp=2 trains as FSDP2 does on the same batches
+    assert_continues(resume_under("single", run_dir, tmp_path), losses)
+    assert_continues(resume_under("cp2", fsdp2_run[0], tmp_path), fsdp2_run[1])
 
 
 def test_fsdp2_tp_checkpoint_resumes_under_fsdp2_over_four_ranks(tmp_path):

@@ -41,10 +41,20 @@ def test_two_processes_match_one(tmp_path, single_process_losses, layout, expect
     assert losses == pytest.approx(single_process_losses, rel=1e-5)
 
 
-def test_bad_layout_is_refused_once_before_launch(tmp_path):
-    result = run_train(*TINY, "--parallelism.tensor_parallel_degree", "3", "--job.dump_folder", str(tmp_path / "r"),
-                       NPROC="2")
+@pytest.mark.parametrize(
+    "layout, named",
+    [
+        (["--parallelism.tensor_parallel_degree", "3"], "parallelism.tensor_parallel_degree=3"),
+        (["--parallelism.context_parallel_degree", "2", "--training.seq_len", "66"],
+         "training.seq_len=66 is not a multiple of 2 × parallelism.context_parallel_degree = 4"),
+        (["--parallelism.context_parallel_degree", "2", "--parallelism.context_parallel_rotate_method", "alltoall"],
+         "parallelism.context_parallel_rotate_method='alltoall' needs torch's ring attention"),
+    ],
+    ids=["tp3", "cp_seq_len", "cp_alltoall"],
+)
+def test_bad_layout_is_refused_once_before_launch(tmp_path, layout, named):
+    result = run_train(*TINY, *layout, "--job.dump_folder", str(tmp_path / "r"), NPROC="2")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "parallelism.tensor_parallel_degree=3" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0]
     assert not (tmp_path / "r").exists()

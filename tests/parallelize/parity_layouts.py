@@ -123,18 +123,22 @@ def new_state(
     mesh: ParallelMesh | None = None,
     plan: PipelinePlan | None = None,
     family: str = "llama3",
+    options: ParallelizeOptions | None = None,
 ) -> TrainState:
     """The TrainState the trainer builds for this rank's `stages` in this layout: AdamW per part
     (build_optimizers), warmup schedule, the rank's coordinates and dp reductions, and the trainer's step executor
     (the pipeline schedule over `stages` with a `plan`, else the whole model under the loss-parallel context)."""
-    layout = ParallelLayout(dims or ParallelDims(1), ParallelizeOptions(), mesh, plan, RankCoordinates.on(mesh))
+    options = options or ParallelizeOptions()
+    rank = RankCoordinates.on(mesh, options.cp_load_balancer)
+    layout = ParallelLayout(dims or ParallelDims(1), options, mesh, plan, rank)
     parts = [stage.module for stage in stages]
     optimizer = build_optimizers(parts, Optimizer(lr=1e-2), torch.device("cpu"))
     scheduler = build_lr_scheduler(optimizer, STEPS, LRScheduler(warmup_steps=2))
     executor = build_step_executor(get_family(family), layout, stages, cross_entropy_sum, torch.device("cpu"))
     return TrainState(
         parts, optimizer, scheduler, NoData(), executor, seed=SEED, max_norm=1.0,
-        dp_size=layout.rank.dp_size, rng_coords=layout.rank.rng_coords, reduce_over_dp=layout.rank.reduce_over_dp,
+        dp_size=rank.dp_size, rng_coords=rank.rng_coords, reduce_over_dp=rank.reduce_over_dp, cp_size=rank.cp_size,
+        shard_sequence=rank.shard_sequence,
     )
 
 
@@ -176,7 +180,7 @@ def single_process_run(args, family: str = "llama3") -> tuple[dict, dict[str, to
 
 def mesh_for(dims: ParallelDims, meshes: dict) -> ParallelMesh:
     """The world's mesh for `dims`, built once per shape in a world (every build creates process groups)."""
-    key = (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp)
+    key = (dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp)
     if key not in meshes:
         meshes[key] = build_mesh(dims, "cpu")
     return meshes[key]
@@ -206,14 +210,15 @@ def run_layout(layout: Layout, world_size: int, meshes: dict) -> tuple[dict, dic
     """Train `layout`; also return its initial weights (whole) and the placements of WATCHED_PARAMS."""
     dims = ParallelDims(world_size, **layout.degrees)
     mesh = mesh_for(dims, meshes)
-    model = build_parallel_model(layout.args, dims, mesh, ParallelizeOptions(**layout.options), layout.family)
+    options = ParallelizeOptions(**layout.options)
+    model = build_parallel_model(layout.args, dims, mesh, options, layout.family)
     initial = {name: plain(p.detach()).clone() for name, p in model.named_parameters()}
     placements = {
         model_fqn(name): str(getattr(p, "placements", "plain"))
         for name, p in model.named_parameters()
         if model_fqn(name) in WATCHED_PARAMS
     }
-    state = new_state(whole_model(model), dims, mesh, family=layout.family)
+    state = new_state(whole_model(model), dims, mesh, family=layout.family, options=options)
     result = run_steps(state, range(STEPS), mesh, layout.microbatches)
     return result, initial, placements
 

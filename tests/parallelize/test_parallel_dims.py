@@ -60,12 +60,33 @@ def test_rest_that_does_not_divide():
     )
 
 
+def test_unimplemented_parallelisms_are_refused_not_ignored():
+    message = r"^parallelism.expert_parallel_degree=2 is not implemented yet \(valid: 1\)$"
+    with pytest.raises(ParallelismError, match=message):
+        ParallelDims(4, ep=2)
+
+
+def test_context_parallel_ranks_shard_parameters_with_fsdp():
+    cp_only = ParallelDims(2, dp_shard=1, cp=2)
+    assert cp_only.cp_enabled and cp_only.fsdp_enabled and cp_only.dp_size == 1
+    hsdp_cp = ParallelDims(4, dp_replicate=2, dp_shard=1, cp=2)
+    assert hsdp_cp.hsdp_enabled and not hsdp_cp.ddp_enabled
+    assert ParallelDims(8, cp=2, tp=2).dp_shard == 2
+
+
 @pytest.mark.parametrize(
-    "degree, key", [("cp", "context_parallel_degree"), ("ep", "expert_parallel_degree")]
+    "seq_len, load_balancer, message",
+    [
+        (12, "headtail", "training.seq_len=12 is not a multiple of 2 × parallelism.context_parallel_degree = 8 "),
+        (6, "none", "training.seq_len=6 is not a multiple of parallelism.context_parallel_degree = 4 "),
+    ],
 )
-def test_unimplemented_parallelisms_are_refused_not_ignored(degree, key):
-    with pytest.raises(ParallelismError, match=rf"^parallelism.{key}=2 is not implemented yet \(valid: 1\)$"):
-        ParallelDims(4, **{degree: 2})
+def test_context_parallel_needs_sequences_it_can_cut(seq_len, load_balancer, message):
+    dims = ParallelDims(4, dp_shard=1, cp=4)
+    with pytest.raises(ParallelismError) as error:
+        dims.check_cp_divides(seq_len, load_balancer)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+    dims.check_cp_divides(16, load_balancer)
 
 
 @pytest.mark.parametrize("degrees", [dict(tp=0), dict(dp_shard=0), dict(dp_shard=-2), dict(dp_replicate=-1)])

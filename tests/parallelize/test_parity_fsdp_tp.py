@@ -1,5 +1,5 @@
-"""FSDP2 x TP+SP (2 x 2) on 4 ranks with each activation-checkpointing mode, for Llama 3 and Qwen3: parity with
-one process."""
+"""FSDP2 x TP+SP (2 x 2) on 4 ranks with each activation-checkpointing mode, and context parallel with FSDP2 or
+TP+SP (2 x 2), for Llama 3 and Qwen3: parity with one process."""
 
 import pytest
 
@@ -11,6 +11,10 @@ LAYOUTS = [
     Layout("fsdp_tp_ac_full", FSDP_TP, dict(ac_mode="full")),
     Layout("fsdp_tp_ac_selective_op", FSDP_TP, dict(ac_mode="selective", selective_ac_option="op")),
     Layout("qwen3_fsdp_tp", FSDP_TP, family="qwen3"),
+    Layout("cp_fsdp", dict(cp=2, dp_shard=2)),
+    Layout("cp_tp", dict(cp=2, dp_shard=1, tp=2)),
+    Layout("qwen3_cp_fsdp", dict(cp=2, dp_shard=2), family="qwen3"),
+    Layout("qwen3_cp_tp", dict(cp=2, dp_shard=1, tp=2), family="qwen3"),
 ]
 
 pytestmark = pytest.mark.multiprocess

@@ -1,5 +1,6 @@
 """HSDP (2 replicas x 2 shards) with each activation-checkpointing mode, and data-parallel replicas of a TP
-model (2 replicas x TP 2), on 4 ranks, for Llama 3 (and HSDP for Qwen3): parity with one process."""
+model (2 replicas x TP 2), and HSDP over context-parallel ranks (2 replicas x CP 2), on 4 ranks, for Llama 3 (and
+HSDP for Qwen3): parity with one process."""
 
 import pytest
 
@@ -12,6 +13,7 @@ LAYOUTS = [
     Layout("hsdp_ac_selective_op", HSDP, dict(ac_mode="selective", selective_ac_option="op")),
     Layout("replicate_x_tp", dict(dp_replicate=2, dp_shard=1, tp=2)),
     Layout("qwen3_hsdp", HSDP, family="qwen3"),
+    Layout("hsdp_cp", dict(dp_replicate=2, dp_shard=1, cp=2)),
 ]
 
 pytestmark = pytest.mark.multiprocess

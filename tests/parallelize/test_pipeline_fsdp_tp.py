@@ -1,4 +1,5 @@
-"""Pipeline × FSDP2 (pp=2 × dp=2) and pipeline × TP (pp=2 × tp=2) on 4 ranks: parity with one process.
+"""Pipeline × FSDP2 (pp=2 × dp=2), pipeline × TP (pp=2 × tp=2) and pipeline × context parallel (pp=2 × cp=2) on
+4 ranks: parity with one process.
 
 Includes the regression guard for the torch 2.13 trap: split-backward schedules (here ZBVZeroBubble) with FSDP2
 resharding parameters after forward give silently wrong gradients. `build_pipeline` prevents it; the same
@@ -21,6 +22,9 @@ LAYOUTS = [
     PipelineLayout("fsdp_zbv_zero_bubble", "ZBVZeroBubble", dp_shard=2, microbatch_size=1),
     PipelineLayout("fsdp_zbv_without_guard", "ZBVZeroBubble", dp_shard=2, microbatch_size=1, resharding_guard=False, steps=3),
     PipelineLayout("tp_1f1b", "1F1B", tp=2, microbatch_size=4),
+    PipelineLayout("cp_1f1b", "1F1B", cp=2, microbatch_size=2),
+    PipelineLayout("cp_zbv_zero_bubble", "ZBVZeroBubble", cp=2, microbatch_size=1),
+    PipelineLayout("qwen3_cp_interleaved_1f1b", "Interleaved1F1B", cp=2, microbatch_size=2, family="qwen3"),
 ]
 
 

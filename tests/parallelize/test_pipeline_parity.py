@@ -60,6 +60,7 @@ class PipelineLayout:
     schedule: str
     dp_shard: int = 1
     tp: int = 1
+    cp: int = 1
     microbatch_size: int = 2
     accumulation: int = 1
     layers_per_stage: int | None = None
@@ -98,7 +99,8 @@ def pipelined_state(layout: PipelineLayout, world_size: int, meshes: dict) -> tu
     """This rank's TrainState for `layout` (stages parallelized and initialised like one device, the pipeline
     set) and the world's mesh."""
     dims = ParallelDims(
-        world_size, pp=world_size // (layout.dp_shard * layout.tp), dp_shard=layout.dp_shard, tp=layout.tp
+        world_size, pp=world_size // (layout.dp_shard * layout.tp * layout.cp), dp_shard=layout.dp_shard,
+        tp=layout.tp, cp=layout.cp,
     )
     mesh = mesh_for(dims, meshes)
     spec, args = get_family(layout.family), PIPELINE_ARGS[layout.family]

@@ -1,0 +1,121 @@
+"""Context parallel: every sequence of a batch is split over the ``cp`` ranks, and attention sees all of it.
+
+Each CP rank holds ``seq_len / cp`` tokens of every sequence: with the head-tail load balancer
+(``parallelism.context_parallel_load_balancer = "headtail"``) the sequence is cut into ``2 cp`` chunks and rank ``i``
+holds chunks ``i`` and ``2 cp - 1 - i``, so that every rank has the same share of causal attention work (the early
+chunks attend to little, the late ones to much); with ``"none"`` rank ``i`` holds the ``i``-th ``1/cp`` of it.
+
+Everything but attention is per token, so only three things change, all applied from outside the model:
+
+- the batch: ``shard_sequence`` keeps this rank's tokens of ``input_ids`` and ``labels`` (the step calls it);
+- positions: a forward pre-hook gives every attention module the true positions of its tokens in the whole
+  sequence, so RoPE rotates each token as on one rank (``sequence_positions`` would number the local ones 0..);
+- attention: ``AllGatherKVAttention`` replaces each ``inner_attention``. It all-gathers keys and values over the
+  cp group (their grouped kv heads, before they are repeated for the query heads: ``n_heads / n_kv_heads`` times
+  less traffic) with an autograd-aware functional collective, whose backward reduce-scatters their gradients
+  back, and lets each local query attend to the gathered keys at positions up to its own.
+
+torch's own ``context_parallel`` (ring attention) needs CUDA's flash/efficient/cuDNN SDPA kernels: on CPU there is
+no sharding rule for the CPU SDPA op (../shared/notes/cpu-facts.md, probe 5), so dtrain owns this implementation,
+which is exact on every device: the same all-gather rotation torch uses by default, with a causal mask built
+from positions rather than ``is_causal``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from dtrain.models.attention import repeat_kv
+from dtrain.parallelize.blockwise_attention import BlockCausalAttention
+from dtrain.parallelize.torch_compat import all_gather_autograd
+
+LOAD_BALANCERS = ("headtail", "none")
+
+
+def chunk_blocks(cp_rank: int, cp: int, load_balancer: str) -> tuple[int, ...]:
+    """Which of the sequence's equal blocks cp rank `cp_rank` holds, in its order: ``i`` and ``2 cp - 1 - i`` of
+    ``2 cp`` under head-tail, ``i`` of ``cp`` otherwise."""
+    return (cp_rank, 2 * cp - 1 - cp_rank) if load_balancer == "headtail" else (cp_rank,)
+
+
+def chunk_positions(seq_len: int, cp_rank: int, cp: int, load_balancer: str, device=None) -> torch.Tensor:
+    """Positions, in the whole sequence of `seq_len` tokens, of the ``seq_len / cp`` tokens cp rank `cp_rank` holds.
+
+    Built on each call rather than cached: a few small aranges, which torch.compile traces inside a block.
+    """
+    blocks = chunk_blocks(cp_rank, cp, load_balancer)
+    size = seq_len // (cp * len(blocks))
+    return torch.cat([torch.arange(b * size, (b + 1) * size, device=device) for b in blocks])
+
+
+def gathered_positions(local_len: int, cp: int, load_balancer: str, device) -> torch.Tensor:
+    """Positions of the gathered keys: every rank's chunks, in rank order (the all-gather's order)."""
+    return torch.cat([chunk_positions(local_len * cp, r, cp, load_balancer, device) for r in range(cp)])
+
+
+def in_position_order(x: torch.Tensor, cp: int, load_balancer: str) -> torch.Tensor:
+    """``[b, seq, ...]`` gathered in rank order (every rank's blocks, as ``chunk_blocks`` lists them) put back in
+    position order."""
+    gathered = [b for rank in range(cp) for b in chunk_blocks(rank, cp, load_balancer)]
+    order = [gathered.index(block) for block in range(len(gathered))]
+    blocks = x.unflatten(1, (len(gathered), x.shape[1] // len(gathered)))
+    return blocks[:, order].flatten(1, 2)
+
+
+def shard_sequence(
+    batch: dict[str, torch.Tensor], cp_rank: int, cp: int, load_balancer: str
+) -> dict[str, torch.Tensor]:
+    """This cp rank's tokens of every ``[batch, seq]`` tensor of `batch` (the same positions in each)."""
+    seq_len = batch["input_ids"].shape[1]
+    index = chunk_positions(seq_len, cp_rank, cp, load_balancer, batch["input_ids"].device)
+    return {key: value.index_select(1, index) for key, value in batch.items()}
+
+
+class AllGatherKVAttention(nn.Module):
+    """Causal grouped-query attention of this rank's queries over the whole sequence's keys and values."""
+
+    def __init__(self, cp_mesh: DeviceMesh, load_balancer: str):
+        super().__init__()
+        self.cp_mesh = cp_mesh
+        self.load_balancer = load_balancer
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cp = self.cp_mesh.size()
+        k = all_gather_autograd(k.contiguous(), gather_dim=1, group=self.cp_mesh)
+        v = all_gather_autograd(v.contiguous(), gather_dim=1, group=self.cp_mesh)
+        if q.device.type == "cpu":
+            blocks = chunk_blocks(self.cp_mesh.get_local_rank(), cp, self.load_balancer)
+            k, v = in_position_order(k, cp, self.load_balancer), in_position_order(v, cp, self.load_balancer)
+            out = BlockCausalAttention.apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), blocks)
+            return out.transpose(1, 2)
+        return masked_attention(q, k, v, positions, gathered_positions(q.shape[1], cp, self.load_balancer, q.device))
+
+
+def masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor
+) -> torch.Tensor:
+    """This rank's queries over all keys with a causal mask built from positions: exact for any order, but the
+    mask is [queries, keys] and kept for backward (4 seq²/cp bytes per layer). Off CPU until dtrain uses torch's
+    ring attention on CUDA, which needs no mask either."""
+    allowed = positions[:, None] >= key_positions[None, :]
+    n_rep = q.shape[2] // k.shape[2]
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed)
+    return out.transpose(1, 2)
+
+
+def apply_cp(layers: nn.Module, cp_mesh: DeviceMesh, load_balancer: str) -> None:
+    """Make every block of `layers` attend across the cp ranks' chunks, in place (see the module doc)."""
+    cp_rank, cp = cp_mesh.get_local_rank(), cp_mesh.size()
+
+    def global_positions(attention: nn.Module, args: tuple) -> tuple:
+        x, rope_cache = args[0], args[1]
+        positions = chunk_positions(x.shape[1] * cp, cp_rank, cp, load_balancer, rope_cache.device)
+        return (x, rope_cache, positions, *args[3:])
+
+    for block in layers.values() if isinstance(layers, nn.ModuleDict) else layers:
+        block.attention.inner_attention = AllGatherKVAttention(cp_mesh, load_balancer)
+        block.attention.register_forward_pre_hook(global_positions)
