@@ -70,7 +70,8 @@ class BlockCausalAttention(torch.autograd.Function):
             own = slice(c * chunk, (c + 1) * chunk)
             out, lse = _attend(q_c, k[:, :, own], v[:, :, own], 0.0, True, scale=scale)
             if c > 0:
-                earlier_out, earlier_lse = _attend(q_c, k[:, :, : c * chunk], v[:, :, : c * chunk], 0.0, False, scale=scale)
+                earlier = slice(0, c * chunk)
+                earlier_out, earlier_lse = _attend(q_c, k[:, :, earlier], v[:, :, earlier], 0.0, False, scale=scale)
                 out, lse = _merge(out, lse, earlier_out, earlier_lse)
             outs.append(out)
             lses.append(lse)

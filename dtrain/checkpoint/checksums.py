@@ -7,8 +7,9 @@ tensor chunk or one pickled value, a byte range of a `.distcp` file) gets an xxh
 - writing: `ChecksummingWriter` hashes the ranges each rank has just written (from the page cache, on the rank
   that wrote them, in the background thread of an async save) into `__<rank>_checksums.json` beside its data,
   before DCP's final barrier, so all of them exist when rank 0 commits; `commit` moves them into the record.
-- reading: `VerifyingReader` hashes each range a rank reads (from the page cache once hashed) before DCP
-  decodes it, against the record of the folder it reads from. A mismatch is a one-line `ChecksumMismatch` naming the file, the range and the tensor.
+- reading: `VerifyingReader` hashes each range a rank reads before DCP decodes it (which then reads it again, from
+  the page cache), against the record of the folder it reads from. A mismatch is a one-line `ChecksumMismatch`
+  naming the file, the range and the tensor.
 
 xxh3 runs at ~11 GB/s on one core here, several times faster than zlib's crc32 (measured in
 docs/benchmarks.md with the save and load it adds to). Checkpoints without checksums in their record (older
@@ -90,7 +91,9 @@ def collect_checksums(folder: Path, metadata: Metadata) -> dict[str, dict[str, s
             checksums.setdefault(name, {}).update(items)
     for info in (metadata.storage_data or {}).values():
         if str(info.offset) not in checksums.get(str(info.relative_path), {}):
-            raise ChecksumMismatch(f"{folder}/{info.relative_path} at byte {info.offset} was written without a checksum")
+            raise ChecksumMismatch(
+                f"{folder}/{info.relative_path} at byte {info.offset} was written without a checksum"
+            )
     checksums[".metadata"] = {"0": hash_file(folder / ".metadata")}
     for side_file in side_files:
         side_file.unlink()
