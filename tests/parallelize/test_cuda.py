@@ -1,4 +1,5 @@
-"""CUDA-only paths (skipped without a GPU): async TP switches inductor's micro-pipelining on, sharded init runs."""
+"""CUDA-only paths (skipped without a GPU): async TP switches inductor's micro-pipelining on, sharded init runs,
+context parallel's attention takes its off-CPU (masked) path and is causal attention."""
 
 import os
 
@@ -38,3 +39,26 @@ def test_sharded_init_of_a_plain_model_is_the_seeded_init():
     expected.init_weights()
     for (name, got), want in zip(model.named_parameters(), expected.parameters()):
         assert torch.equal(got, want), name
+
+
+def test_context_parallel_attention_on_cuda_is_causal_attention(tmp_path):
+    """On one rank the all-gather is the identity, so the off-CPU path must give plain causal attention."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dtrain.models.attention import CausalSDPA
+    from dtrain.parallelize.context_parallel import AllGatherKVAttention
+
+    store = dist.FileStore(os.path.join(tmp_path, "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+    try:
+        attention = AllGatherKVAttention(init_device_mesh("cuda", (1,), mesh_dim_names=("cp",)), "none")
+        q = torch.randn(2, 16, 4, 8, device="cuda", requires_grad=True)
+        k, v = torch.randn(2, 16, 2, 8, device="cuda"), torch.randn(2, 16, 2, 8, device="cuda")
+        positions = torch.arange(16, device="cuda")
+        out = attention(q, k, v, positions)
+        torch.testing.assert_close(out, CausalSDPA()(q, k, v, positions), rtol=1e-4, atol=1e-5)
+        out.sum().backward()
+        assert q.grad is not None and torch.isfinite(q.grad).all()
+    finally:
+        dist.destroy_process_group()
