@@ -1,7 +1,7 @@
 """Which pipeline stage holds which modules, and which rank runs which stage: checked before any process group.
 
 A decoder is cut into stages along its forward order: embedding, blocks 0 .. N-1, final norm, head (the names
-come from the model's ``DecoderLayout``, e.g. ``tok_embeddings, layers.0 .. layers.N-1, norm, output``).
+come from the model's ``DecoderLayout``, e.g. ``<embedding>, <blocks>.0 .. <blocks>.N-1, <final norm>, <head>``).
 ``plan_pipeline`` turns the ``[parallelism]`` pipeline keys into a ``PipelinePlan`` (stage -> module names,
 stage -> rank, microbatches) or raises a one-line ``ParallelismError`` naming the keys to change. It is plain
 arithmetic, so an impossible split fails in a second, before any process exists.
@@ -106,7 +106,7 @@ class PipelinePlan:
 
 
 def compact_names(modules: Sequence[str], decoder: DecoderLayout) -> str:
-    """A run of consecutive blocks as one range (e.g. ``tok_embeddings, layers.0-3, norm``)."""
+    """A run of consecutive blocks as one range (e.g. ``<embedding>, <blocks>.0-3, <final norm>``)."""
     parts: list[str] = []
     run: list[int] = []  # consecutive layer indices not yet written
 

@@ -13,6 +13,18 @@ from typing import Any
 from dtrain.parallelize.families import DEFAULT_FAMILY, FAMILIES
 
 
+def _split_example() -> str:
+    """A two-stage split of the default family's two-block model, as TOML and on the command line (for the help:
+    module names come from the family's decoder layout, never from shared code)."""
+    d = FAMILIES[DEFAULT_FAMILY].model.model_cls.decoder_layout
+    stages = [[d.embedding, d.block(0)], [d.block(1), d.final_norm, d.head]]
+    as_toml = "[" + ", ".join("[" + ", ".join(f'"{name}"' for name in stage) + "]" for stage in stages) + "]"
+    return f"{as_toml}; on the command line '" + ",".join(" ".join(stage) for stage in stages) + "'"
+
+
+_SPLIT_EXAMPLE = _split_example()
+
+
 def opt(default: Any, doc: str, choices: tuple | None = None, minimum: float | None = None) -> Any:
     """A config field: its default, its one-line doc, and optionally its valid choices or lower bound."""
     meta = {"doc": doc, "choices": choices, "minimum": minimum}
@@ -146,8 +158,7 @@ class Parallelism:
     module_fqns_per_model_part: list[list[str]] = opt(
         [],
         "Explicit pipeline split, the module names of each stage as the start-up log lists them, e.g. "
-        "[[\"tok_embeddings\", \"layers.0\"], [\"layers.1\", \"norm\", \"output\"]]; on the command line "
-        "'tok_embeddings layers.0,layers.1 norm output'. Empty = split evenly.",
+        f"{_SPLIT_EXAMPLE}. Empty = split evenly.",
     )
     context_parallel_degree: int = opt(
         1, "Context parallel degree: every sequence is split over this many ranks (long contexts).", minimum=1
