@@ -11,55 +11,18 @@ activation checkpointing and compile only (no mesh), so every config key means t
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from dtrain.config.schema import JobConfig, Parallelism
-from dtrain.distributed import World, dp_rank_and_size, dp_summer
+from dtrain.distributed import World
 from dtrain.errors import ConfigError
 from dtrain.parallelize import FamilySpec, ParallelDims, ParallelismError, ParallelizeOptions, build_mesh
-from dtrain.parallelize.context_parallel import shard_sequence
 from dtrain.parallelize.mesh import ParallelMesh
 from dtrain.parallelize.pipeline_plan import PipelinePlan, plan_pipeline
-
-
-@dataclass(frozen=True)
-class RankCoordinates:
-    """This rank's place among the others: what its data and its step's reductions depend on."""
-
-    pp_rank: int = 0
-    dp_rank: int = 0
-    dp_size: int = 1
-    # Keys of this rank's random streams (rng.py), so that data-parallel ranks draw different ones.
-    rng_coords: tuple = ()
-    reduce_over_dp: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda t: t)
-    cp_size: int = 1
-    # This rank's tokens of a microbatch's sequences under context parallel (None without).
-    shard_sequence: Callable[[dict], dict] | None = None
-
-    @classmethod
-    def on(cls, mesh: ParallelMesh | None, cp_load_balancer: str = "headtail") -> RankCoordinates:
-        """This rank's coordinates on `mesh` (None: the one process of a world of one)."""
-        if mesh is None:
-            return cls()
-        dp_rank, dp_size = dp_rank_and_size(mesh)
-        cp_rank, cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
-        return cls(
-            pp_rank=mesh["pp"].get_local_rank(),
-            dp_rank=dp_rank,
-            dp_size=dp_size,
-            rng_coords=("dp", dp_rank),
-            reduce_over_dp=dp_summer(mesh),
-            cp_size=cp_size,
-            shard_sequence=(
-                functools.partial(shard_sequence, cp_rank=cp_rank, cp=cp_size, load_balancer=cp_load_balancer)
-                if cp_size > 1 else None
-            ),
-        )
+from dtrain.state import RankCoordinates
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,14 @@ derived from (seed, step, coordinates) at every step (see rng.py), so `seed` and
 The saved keys do not depend on the parallel layout, so that a checkpoint reshards: model weights and optimizer
 state are keyed by the model's own parameter names (pipeline stages keep full-model names), and of the LR
 schedule only its position is kept (its per-group lists would change length with the layout).
+
+`RankCoordinates` is the one piece of the layout the step needs (this rank's data-parallel and context-parallel
+place and reductions); the layout (layout.py) computes it, the state carries it, and it is never saved.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -24,15 +28,54 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from dtrain.distributed import dp_rank_and_size, dp_summer
 from dtrain.optim import OptimizersContainer
+from dtrain.parallelize.context_parallel import shard_sequence
 
-if TYPE_CHECKING:  # the executors import the parallelize package; the state itself needs none of it
+if TYPE_CHECKING:
+    from dtrain.parallelize.mesh import ParallelMesh
     from dtrain.step_executor import StepExecutor
 
 # Optimizer state keyed "state.<param fqn>.<name>" / "param_groups.<param fqn>.<name>": no layout-dependent indices.
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 # Each model part holds only its own keys of the merged model dict (pipeline stages), hence strict=False.
 PART = StateDictOptions(strict=False)
+
+
+@dataclass(frozen=True)
+class RankCoordinates:
+    """This rank's place among the others: what its data and its step's reductions depend on."""
+
+    pp_rank: int = 0
+    dp_rank: int = 0
+    dp_size: int = 1
+    # Keys of this rank's random streams (rng.py), so that data-parallel ranks draw different ones.
+    rng_coords: tuple = ()
+    # Sums over the ranks that hold different tokens (data × context parallel).
+    reduce_over_dp: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda t: t)
+    # Context parallel: how many ranks share each sequence, and this rank's part of a microbatch (None without).
+    cp_size: int = 1
+    shard_sequence: Callable[[dict], dict] | None = None
+
+    @classmethod
+    def on(cls, mesh: ParallelMesh | None, cp_load_balancer: str = "headtail") -> RankCoordinates:
+        """This rank's coordinates on `mesh` (None: the one process of a world of one)."""
+        if mesh is None:
+            return cls()
+        dp_rank, dp_size = dp_rank_and_size(mesh)
+        cp_rank, cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
+        return cls(
+            pp_rank=mesh["pp"].get_local_rank(),
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            rng_coords=("dp", dp_rank),
+            reduce_over_dp=dp_summer(mesh),
+            cp_size=cp_size,
+            shard_sequence=(
+                functools.partial(shard_sequence, cp_rank=cp_rank, cp=cp_size, load_balancer=cp_load_balancer)
+                if cp_size > 1 else None
+            ),
+        )
 
 
 @dataclass
@@ -54,14 +97,8 @@ class TrainState(Stateful):
     # training.skip_nonfinite_steps, and how many this launch has skipped (a budget per launch: not saved).
     skip_nonfinite_steps: int = 0
     skipped_steps: int = 0
-    # How the step talks to the rest of the world; set by the trainer from the rank's coordinates in the layout.
-    dp_size: int = 1
-    rng_coords: tuple = ()
-    # Sums over the ranks that hold different tokens (data × context parallel).
-    reduce_over_dp: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda t: t)
-    # Context parallel: how many ranks share each sequence, and this rank's part of a microbatch.
-    cp_size: int = 1
-    shard_sequence: Callable[[dict], dict] | None = None
+    # How the step talks to the rest of the world: this rank's coordinates in the layout (a world of one by default).
+    rank: RankCoordinates = field(default_factory=RankCoordinates)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -30,21 +30,22 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     The loss is normalised by the number of valid tokens in the whole global batch, not per microbatch, so the
     same global batch gives the same loss and gradient however it is split over microbatches and ranks.
     """
-    seed_everything(state.seed, "step", state.step, *state.rng_coords)
-    if state.shard_sequence is not None:  # context parallel: this rank's tokens of every sequence
-        microbatches = [state.shard_sequence(mb) for mb in microbatches]
+    seed_everything(state.seed, "step", state.step, *state.rank.rng_coords)
+    rank = state.rank
+    if rank.shard_sequence is not None:  # context parallel: this rank's tokens of every sequence
+        microbatches = [rank.shard_sequence(mb) for mb in microbatches]
     local_tokens = sum((mb["labels"] != IGNORE_INDEX).sum() for mb in microbatches)
-    global_tokens = state.reduce_over_dp(local_tokens)
+    global_tokens = rank.reduce_over_dp(local_tokens)
     # Data-parallel gradient reduction averages over the dp (and cp) ranks; scaling by their number turns that
     # average into the sum that a division by the global token count needs.
-    grad_scale = state.dp_size * state.cp_size / global_tokens
+    grad_scale = rank.dp_size * rank.cp_size / global_tokens
     # A family's extra loss term counts once per step whatever the split: the mean over the microbatches.
     extra_loss_weight = 1.0 / len(microbatches)
     loss_sum = torch.zeros((), device=global_tokens.device)
     for mb in microbatches:
         loss_sum += state.executor.forward_backward(state.model_parts, mb, grad_scale, extra_loss_weight)
     grad_norm = state.executor.clip_grad_norm(state.parameters, state.max_norm)
-    loss = state.reduce_over_dp(loss_sum) / global_tokens
+    loss = rank.reduce_over_dp(loss_sum) / global_tokens
     # Only under training.skip_nonfinite_steps does the step read the device (see nonfinite.py).
     if state.skip_nonfinite_steps == 0 or finite_on_every_rank(loss, grad_norm):
         state.optimizer.step()
@@ -55,7 +56,7 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     lr = state.lr_scheduler.get_last_lr()[0]
     state.lr_scheduler.step()
     state.step += 1
-    state.tokens_seen += sum(mb["input_ids"].numel() for mb in microbatches) * state.dp_size * state.cp_size
+    state.tokens_seen += sum(mb["input_ids"].numel() for mb in microbatches) * rank.dp_size * rank.cp_size
     return {"loss": loss, "grad_norm": grad_norm, "lr": lr}
 
 

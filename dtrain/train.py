@@ -66,11 +66,7 @@ def build_train_state(
         seed=cfg.debug.seed,
         max_norm=cfg.training.max_norm,
         skip_nonfinite_steps=cfg.training.skip_nonfinite_steps,
-        dp_size=rank.dp_size,
-        rng_coords=rank.rng_coords,
-        reduce_over_dp=rank.reduce_over_dp,
-        cp_size=rank.cp_size,
-        shard_sequence=rank.shard_sequence,
+        rank=rank,
     )
 
 

@@ -43,7 +43,7 @@ class RunContext:
         it exactly as long as the global batch (sequences per step), sequence length and dataset stay the same.
         """
         t = self.cfg.training
-        dp_size = self.state.dp_size
+        dp_size = self.state.rank.dp_size
         global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp_size
         return {
             "global_batch": global_batch,

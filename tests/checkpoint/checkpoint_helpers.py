@@ -18,7 +18,7 @@ from dtrain.models.qwen3 import QWEN3_FLAVORS
 from dtrain.optim import build_optimizers
 from dtrain.parallelize import get_family
 from dtrain.rng import seed_everything
-from dtrain.state import TrainState
+from dtrain.state import RankCoordinates, TrainState
 from dtrain.step import cross_entropy_sum, train_step
 from dtrain.step_executor import LocalExecutor
 
@@ -61,9 +61,11 @@ def make_cfg(run_dir: Path, steps: int = 6, family: str = "llama3", **checkpoint
 
 
 def tiny_state(cfg: JobConfig, model: torch.nn.Module | None = None, dp_rank: int = 0, dp_size: int = 1,
-               **layout) -> TrainState:
+               rank: RankCoordinates | None = None, **layout) -> TrainState:
     """The TrainState the trainer would build for cfg.model.name's tiny model (a given, e.g. sharded, model replaces
-    the default; `layout` sets TrainState's layout fields, e.g. reduce_over_dp)."""
+    the default) as data-parallel rank `dp_rank` of `dp_size`, or at `rank` in a layout; `layout` sets other
+    TrainState fields, e.g. the executor."""
+    rank = rank or RankCoordinates(dp_rank=dp_rank, dp_size=dp_size)
     if model is None:
         seed_everything(cfg.debug.seed, "init")
         model = tiny_model(cfg.model.name)
@@ -72,10 +74,12 @@ def tiny_state(cfg: JobConfig, model: torch.nn.Module | None = None, dp_rank: in
         model_parts=[model],
         optimizer=optimizer,
         lr_scheduler=build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler),
-        dataloader=build_dataloader(cfg.training, build_tokenizer(cfg.model), dp_rank, dp_size, seed=cfg.debug.seed),
+        dataloader=build_dataloader(
+            cfg.training, build_tokenizer(cfg.model), rank.dp_rank, rank.dp_size, seed=cfg.debug.seed
+        ),
         seed=cfg.debug.seed,
         max_norm=cfg.training.max_norm,
-        dp_size=dp_size,
+        rank=rank,
         **{"executor": LocalExecutor(cross_entropy_sum), **layout},
     )
 

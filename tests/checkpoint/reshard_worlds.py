@@ -51,10 +51,7 @@ def layout_state(cfg, degrees: dict, world_size: int, global_batch: int):
     cfg.parallelism.data_parallel_shard_degree = dims.dp_shard
     cfg.parallelism.tensor_parallel_degree = dims.tp
     executor = build_step_executor(family, layout, [StageModule(0, model)], cross_entropy_sum, torch.device("cpu"))
-    return tiny_state(
-        cfg, model=model, dp_rank=layout.rank.dp_rank, dp_size=layout.rank.dp_size,
-        reduce_over_dp=layout.rank.reduce_over_dp, executor=executor,
-    )
+    return tiny_state(cfg, model=model, rank=layout.rank, executor=executor)
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:

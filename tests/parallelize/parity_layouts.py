@@ -137,8 +137,7 @@ def new_state(
     executor = build_step_executor(get_family(family), layout, stages, cross_entropy_sum, torch.device("cpu"))
     return TrainState(
         parts, optimizer, scheduler, NoData(), executor, seed=SEED, max_norm=1.0,
-        dp_size=rank.dp_size, rng_coords=rank.rng_coords, reduce_over_dp=rank.reduce_over_dp, cp_size=rank.cp_size,
-        shard_sequence=rank.shard_sequence,
+        rank=rank,
     )
 
 
