@@ -62,12 +62,14 @@ def parallelize_options(cfg: JobConfig, device_type: str) -> ParallelizeOptions:
         cpu_offload=cfg.training.enable_cpu_offload,
         ac_mode=cfg.activation_checkpoint.mode,
         selective_ac_option=cfg.activation_checkpoint.selective_ac_option,
+        memory_budget=cfg.activation_checkpoint.memory_budget,
         compile_model=cfg.compile.enable and "model" in cfg.compile.components,
         compile_backend=cfg.compile.backend,
         compile_trace_dir=os.path.join(cfg.job.dump_folder, trace) if cfg.compile.enable and trace else None,
         async_tp=cfg.parallelism.enable_async_tensor_parallel,
         cp_load_balancer=cfg.parallelism.context_parallel_load_balancer,
         cp_rotate_method=cfg.parallelism.context_parallel_rotate_method,
+        attention_mask=cfg.training.attention_mask,
     )
 
 

@@ -59,8 +59,9 @@ def log_memory(model_parts: list[nn.Module], optimizer) -> None:
 
 
 def compute_dtype(layout: ParallelLayout) -> torch.dtype:
-    """The matmul dtype (for the MFU peak): FSDP's mixed-precision param dtype, else float32."""
-    return getattr(torch, layout.options.param_dtype) if layout.dims.fsdp_enabled else torch.float32
+    """The matmul dtype (for the MFU peak and activation sizes): the run's mixed-precision param dtype, which every
+    layout computes in (FSDP by its policy, the others under autocast)."""
+    return getattr(torch, layout.options.param_dtype)
 
 
 def whole_metrics(metrics: dict) -> dict:

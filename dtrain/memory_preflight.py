@@ -7,11 +7,14 @@ The estimate, in bytes on this rank's device:
 
 - params, grads: the local shards of the parameters (``memory_footprint``), one gradient per trainable parameter
   in its dtype; under DDP twice that, for the reducer's flat gradient buckets.
-- optimizer: Adam(W) keeps two moments like each trainable parameter, plus a 4-byte step count per parameter.
-- optimizer step: foreach Adam's temporaries, one parameter-sized list (fused Adam has none).
+- optimizer: Adam(W) keeps two moments like each trainable parameter, plus a 4-byte step count per parameter;
+  torchao's low-bit ones keep the moments of large tensors quantized (``dtrain.optim.moment_bytes``).
+- optimizer step: foreach Adam's temporaries, one parameter-sized list (fused Adam and torchao's per-parameter
+  compiled step have none to speak of).
 - gathered (FSDP only): block parameters all-gathered in ``training.mixed_precision_param``, two blocks at a time
   (the one computing and the one prefetched), or every block with ``fsdp_reshard_after_forward = never``.
-- batches: every microbatch of a step, as the loop holds them at once: ``input_ids`` and ``labels``, int64.
+- batches: every microbatch of a step, as the loop holds them at once: ``input_ids`` and ``labels`` (and
+  ``document_ids`` under document masking), int64.
 - activations: what autograd keeps for backward, per token of a microbatch, for the shared pre-norm decoder with
   RMSNorm, SwiGLU and SDPA (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", redone for this block; SDPA's fused kernels keep no s x s scores, so there is no term in s^2). With
@@ -23,14 +26,19 @@ The estimate, in bytes on this rank's device:
       layer = 2 norm + a (4 q + 4 f) / tp       + SDPA's q, k, v, output; SwiGLU's w1, w3, silu and product
               [+ (4 + a) (q + kv) / tp]         + QK-norm's input and normed value, where the model has it
               [+ cp extra]                      + under context parallel, the whole sequence's keys and values
-                                                (and, off CPU, a mask): ``context_parallel_extra``
+                                                where gathered: ``context_parallel_extra``
+              [+ a s]                           + where attention runs with a mask (document masking; context
+                                                parallel's masked path), the [s, s] (under CP [s/cp, s]) mask
+                                                SDPA keeps in the compute dtype: ``attention_mask_extra``
       head  = norm + 12 V / lp                  + fp32 log-softmax output, its gradient and the logits' gradient
 
   A layer under full activation checkpointing keeps only its input, ``a h / sp``; under selective-by-op AC its
   input and the saved matmul and attention outputs, ``a (h / sp + 2 h + (2 q + 2 kv + 2 f) / tp)``. ``tp``
   divides heads and FFN, ``sp = tp`` under sequence parallel and ``lp = tp`` under loss parallel (else 1). The
   peak is the kept layers plus the larger of the head's working set and, when some layer is checkpointed, one
-  layer recomputed in backward with two FFN-wide gradients, ``layer + 2 a f / tp``:
+  layer recomputed in backward with two FFN-wide gradients, ``layer + 2 a f / tp``. Under a memory budget ``m``
+  (compile's partitioner) a layer keeps ``checkpointed + m (layer - checkpointed)`` and backward recomputes the
+  rest of one layer (the partitioner's choice of ops is not modelled):
   ``tokens * (in_flight * sum(kept per layer) + max(head, recomputed layer))``, with ``tokens`` those of one
   microbatch (of one pipeline microbatch under PP; divided by CP) and ``in_flight`` the pipeline microbatches a
   stage holds (all of them for GPipe and LoopedBFS, at most ``pp`` for the others, 1 without PP).
@@ -60,7 +68,8 @@ from dtrain.errors import DtrainError
 from dtrain.layout import ParallelLayout
 from dtrain.layout_report import compute_dtype
 from dtrain.models.decoder import decoder_layout
-from dtrain.optim import kernel_flags
+from dtrain.low_bit_optim import low_bit_format
+from dtrain.optim import kernel_flags, moment_bytes
 from dtrain.parallelize import local_shard, memory_footprint
 from dtrain.parallelize.activation_checkpoint import parse_selective_option
 
@@ -68,12 +77,11 @@ logger = logging.getLogger("dtrain")
 
 GIB = 1024**3
 FP32 = 4
-# Optimizer state tensors like each trainable parameter, by optimizer.name (Adam's exp_avg and exp_avg_sq), and the
-# bytes of the scalar step count Adam keeps per parameter.
-OPTIMIZER_STATES = {"AdamW": 2, "Adam": 2}
+# The bytes of the scalar step count Adam keeps per parameter.
 STEP_BYTES = 4
-# input_ids and labels, int64 each, per token of a batch.
+# input_ids and labels, int64 each, per token of a batch; document_ids, under document masking, one more.
 BATCH_BYTES_PER_TOKEN = 2 * torch.long.itemsize
+DOCUMENT_IDS_BYTES_PER_TOKEN = torch.long.itemsize
 # Pipeline schedules that run every microbatch's forward before any backward, so a stage holds all of them.
 ALL_FORWARDS_FIRST = ("GPipe", "LoopedBFS")
 
@@ -93,6 +101,7 @@ class Workload:
     optimizer: str
     foreach_step: bool  # the optimizer runs its foreach kernel, whose step makes temporaries
     skip: bool  # training.skip_memory_check: estimate and log, never refuse
+    document_masking: bool = False  # training.attention_mask = block_causal: batches carry document_ids
 
     @classmethod
     def of(cls, cfg: JobConfig, layout: ParallelLayout) -> Workload:
@@ -103,13 +112,16 @@ class Workload:
             seq_len=t.seq_len,
             microbatches=layout.dims.gradient_accumulation_steps(t.local_batch_size, t.global_batch_size),
             optimizer=cfg.optimizer.name,
-            foreach_step=kernel_flags(cfg.optimizer.implementation, device).get("foreach", False),
+            foreach_step=low_bit_format(cfg.optimizer.name) is None
+            and kernel_flags(cfg.optimizer.implementation, device).get("foreach", False),
             skip=t.skip_memory_check,
+            document_masking=t.attention_mask == "block_causal",
         )
 
     @property
     def batch_bytes(self) -> int:
-        return self.microbatches * self.local_batch_size * self.seq_len * BATCH_BYTES_PER_TOKEN
+        per_token = BATCH_BYTES_PER_TOKEN + DOCUMENT_IDS_BYTES_PER_TOKEN * self.document_masking
+        return self.microbatches * self.local_batch_size * self.seq_len * per_token
 
 
 @dataclass(frozen=True)
@@ -188,14 +200,15 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """This rank's peak memory for one training step of `workload` on `layout` (see the module doc)."""
     footprint = sum((memory_footprint(part) for part in parts[1:]), memory_footprint(parts[0]))
-    trainable = sum(p.requires_grad for part in parts for p in part.parameters())
+    trainable = [p for part in parts for p in part.parameters() if p.requires_grad]
     # FSDP's CPU offload keeps the states (and runs the optimizer step) in host memory, which this check does not size.
     on_device = not (layout.options.cpu_offload and device.type != "cpu")
     grad_bytes = footprint.grad_bytes * on_device
     return MemoryEstimate(
         params=footprint.param_bytes * on_device,
         grads=grad_bytes * (2 if layout.dims.ddp_enabled else 1),
-        optimizer=OPTIMIZER_STATES[workload.optimizer] * grad_bytes + STEP_BYTES * trainable * on_device,
+        optimizer=(sum(moment_bytes(workload.optimizer, p) for p in trainable) + STEP_BYTES * len(trainable))
+        * on_device,
         activations=activation_bytes(parts, model_args, layout, workload.local_batch_size, workload.seq_len),
         gathered=gathered_bytes(parts, layout),
         optimizer_step=grad_bytes if workload.foreach_step else 0,
@@ -224,12 +237,20 @@ def activation_bytes(
     for part in parts:
         decoder = decoder_layout(part)
         qk_norm = (FP32 + a) * (q + kv) / tp if getattr(part, "qk_norm", False) else 0.0
-        layer = 2 * norm + a * (4 * q + 4 * f) / tp + qk_norm + context_parallel_extra(layout, a, q, kv, seq_len)
+        layer = 2 * norm + a * (4 * q + 4 * f) / tp + qk_norm
+        layer += context_parallel_extra(layout, a, q, kv, seq_len) + attention_mask_extra(layout, a, seq_len)
         n_blocks = len(decoder.blocks_of(part))
-        checkpointed = 0 if options.ac_mode == "none" else n_blocks // (every_nth or 1)
-        kept += checkpointed * kept_if_checkpointed + (n_blocks - checkpointed) * layer
-        if checkpointed:
-            recompute = layer + 2 * a * f / tp
+        if options.ac_mode == "memory_budget":
+            # The partitioner's own choice is not modelled: the budget's share of the way from full AC's input
+            # to the whole layer, and backward recomputes the rest of one block at a time.
+            budgeted = kept_if_checkpointed + options.memory_budget * (layer - kept_if_checkpointed)
+            kept += n_blocks * budgeted
+            recompute = layer - budgeted
+        else:
+            checkpointed = 0 if options.ac_mode == "none" else n_blocks // (every_nth or 1)
+            kept += checkpointed * kept_if_checkpointed + (n_blocks - checkpointed) * layer
+            if checkpointed:
+                recompute = layer + 2 * a * f / tp
         head_here = head_here or decoder.part(part, decoder.head) is not None
     sequences, in_flight = local_batch_size, 1
     if plan is not None:
@@ -240,16 +261,28 @@ def activation_bytes(
 
 
 def context_parallel_extra(layout: ParallelLayout, a: int, q: int, kv: int, seq_len: int) -> float:
-    """Per local token of a layer, what context parallel's attention keeps instead of the per-token keys and values
-    (``2 a q / tp``, repeated): on CPU the blockwise attention keeps the whole sequence's, with their kv heads only
-    (``2 a kv cp / tp``); elsewhere the masked attention keeps them repeated (``2 a q cp / tp``) and its mask as
-    fp32 (4 bytes per key of the whole sequence; parallelize/context_parallel.py)."""
+    """Per local token of a layer, what context parallel's attention keeps beyond the per-token keys and values
+    (``2 a q / tp``, repeated), by its path (parallelize/context_parallel.py): torch's ring keeps only those (the
+    keys and values it rotates in are gone after the layer, and backward rotates them again); the blockwise
+    attention keeps the whole sequence's, with their kv heads only (``2 a kv cp / tp``); the masked attention keeps
+    them repeated (``2 a q cp / tp``)."""
     cp, tp = layout.dims.cp, layout.dims.tp
-    if cp == 1:
+    path = layout.options.cp_attention_path
+    if cp == 1 or path == "ring":
         return 0.0
-    if layout.options.device_type == "cpu":
+    if path == "blockwise":
         return 2 * a * (kv * cp - q) / tp
-    return 2 * a * q * (cp - 1) / tp + FP32 * seq_len
+    return 2 * a * q * (cp - 1) / tp
+
+
+def attention_mask_extra(layout: ParallelLayout, a: int, seq_len: int) -> float:
+    """Per (local) token of a layer, the mask attention keeps for backward where it runs with one: SDPA turns each
+    sequence's boolean mask (models/attention.py; context_parallel.py's masked path) into an additive one in the
+    compute dtype and saves it, ``a`` bytes per key of the whole sequence (gathered under SP; one mask for all
+    heads, so TP does not divide it). Measured on CPU (tests/trainer/test_memory_preflight.py)."""
+    document_masking = layout.options.attention_mask == "block_causal"
+    cp_masked = layout.dims.cp > 1 and layout.options.cp_attention_path == "masked"
+    return a * seq_len if document_masking or cp_masked else 0.0
 
 
 def gathered_bytes(parts: list[nn.Module], layout: ParallelLayout) -> int:

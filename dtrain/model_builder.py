@@ -8,6 +8,7 @@ device with ``to_empty``, and only then given its values.
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import torch
 from torch import nn
@@ -20,17 +21,26 @@ from dtrain.rng import derive_seed
 
 
 def build_model_parts(
-    family: FamilySpec, model_args, layout: ParallelLayout, device: torch.device, seed: int, workload: Workload
+    family: FamilySpec,
+    model_args,
+    layout: ParallelLayout,
+    device: torch.device,
+    seed: int,
+    workload: Workload,
+    convert: Callable[[nn.Module], None] | None = None,
 ) -> list[StageModule]:
     """This rank's model parts, parallelized, on `device`, initialised and in train mode, each with its stage index.
 
-    A `workload` whose estimated memory cannot fit is refused before anything is allocated on `device`.
+    A `workload` whose estimated memory cannot fit is refused before anything is allocated on `device`. `convert`
+    (e.g. float8 training) swaps modules of the whole model on the meta device, before it is split and parallelized.
 
     Under pipeline parallelism these are the rank's stages; otherwise the whole model, as the one stage (index 0)
     of a pipeline of one.
     """
     with torch.device("meta"):
         model = family.model.model_cls(model_args)
+    if convert is not None:
+        convert(model)
     # An unparallelized twin for the exact initialisation below; on the meta device it costs nothing.
     reference = copy.deepcopy(model)
     stages = split_model(model, layout.plan, layout.rank.pp_rank) if layout.plan else [StageModule(0, model)]

@@ -1,13 +1,36 @@
-"""Optimizer construction: AdamW/Adam with weight decay only on matrices, and the fastest kernel the device has."""
+"""Optimizer construction: AdamW/Adam with weight decay only on matrices, and the fastest kernel the device has;
+or torchao's low-bit AdamW/Adam, which keep the two moments quantized."""
 
 from __future__ import annotations
 
 import collections
+import warnings
 
 import torch
 from torch import nn
 
 from dtrain.config.schema import Optimizer as OptimizerConfig
+from dtrain.low_bit_optim import low_bit_format, quantizes
+from dtrain.parallelize import local_shard
+
+# torch 2.13 advises once per class that torchao's state tensors define _stable_hash_for_caching; its default hash
+# of their inner tensors keys them correctly (the DTensor case is with_own_compile_cache_key's), so the advice is
+# for torchao, not for someone reading a training log.
+warnings.filterwarnings(
+    "ignore", message="OptimState(8bit|4bit|Fp8) does not implement _stable_hash_for_caching", category=UserWarning
+)
+
+
+def moment_bytes(name: str, param: torch.Tensor) -> int:
+    """Bytes of the two Adam moments of this rank's shard of `param` under optimizer.name `name`, from its shape
+    alone (so also on the meta device, before any state exists)."""
+    local = local_shard(param)
+    plain = 2 * local.numel() * local.element_size()
+    fmt = low_bit_format(name)
+    if fmt is None or not quantizes(fmt, local.numel()):
+        return plain
+    blocks = local.numel() // fmt.block_size
+    return int(2 * (local.numel() * fmt.code_bytes + blocks * 4 + fmt.qmap_bytes))
 
 
 def param_groups(model_parts: list[nn.Module], weight_decay: float) -> list[dict]:
@@ -37,15 +60,40 @@ def kernel_flags(implementation: str, device: torch.device) -> dict:
 
 def build_optimizer(model_parts: list[nn.Module], cfg: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
     """The configured optimizer over every trainable parameter of `model_parts`."""
-    cls = torch.optim.AdamW if cfg.name == "AdamW" else torch.optim.Adam
     groups = param_groups(model_parts, cfg.weight_decay)
-    return cls(
-        groups,
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        **kernel_flags(cfg.implementation, device),
-    )
+    hyperparameters = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+    fmt = low_bit_format(cfg.name)
+    if fmt is None:
+        cls = torch.optim.AdamW if cfg.name == "AdamW" else torch.optim.Adam
+        return cls(groups, **hyperparameters, **kernel_flags(cfg.implementation, device))
+    # Imported only when asked for: torchao is a dependency, but importing it costs a second or more.
+    import torchao.optim
+
+    # torchao's step is its own torch.compile'd code, so optimizer.implementation has no meaning here (the config
+    # check refuses a value other than auto).
+    optimizer = getattr(torchao.optim, cfg.name)(groups, **hyperparameters, block_size=fmt.block_size)
+    return with_own_compile_cache_key(optimizer, cfg.name)
+
+
+def with_own_compile_cache_key(optimizer: torch.optim.Optimizer, name: str) -> torch.optim.Optimizer:
+    """`optimizer`, its step compiled under a cache key tag of its own, so that torch's on-disk compile caches keep
+    each low-bit format's compiled step apart.
+
+    torch 2.13 keys AOTAutograd's cache for a DTensor by its spec alone, not by the tensor subclass it wraps, so
+    the steps of AdamW8bit, AdamW4bit and AdamWFp8 over the same FSDP2 parameters share one key: once one of them
+    has run, the next loads the other's compiled step and fails on its first step ("wrong number of dimensions").
+    DCP's state-dict code steps the part optimizer itself (to create its state before a load), so the tag is
+    set around this optimizer's own step, not OptimizersContainer's.
+    """
+    step = optimizer.step
+    tag = f"{torch.compiler.config.cache_key_tag}dtrain.optim.{name}"
+
+    def step_with_own_key(closure=None):
+        with torch.compiler.config.patch(cache_key_tag=tag):
+            return step(closure)
+
+    optimizer.step = step_with_own_key
+    return optimizer
 
 
 class _MergedState(collections.ChainMap):

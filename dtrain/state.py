@@ -129,7 +129,9 @@ class TrainState(Stateful):
         rates = [base * fn(last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
         for group, rate in zip(self.optimizer.param_groups, rates):
             group["lr"] = rate
-        scheduler._last_lr = rates
+        # Copies, as LambdaLR keeps them: torchao's optimizers hold the rate as a tensor that the next schedule
+        # step overwrites in place, and the step reports the rate it used.
+        scheduler._last_lr = [rate.clone() if isinstance(rate, torch.Tensor) else rate for rate in rates]
 
     @property
     def parameters(self) -> list[nn.Parameter]:

@@ -71,7 +71,8 @@ class LocalExecutor(StepExecutor):
         self, model_parts: list[nn.Module], microbatch: Microbatch, grad_scale: torch.Tensor, extra_loss_weight: float
     ) -> torch.Tensor:
         with self.loss_context():
-            loss = self.loss_fn(model_parts[0](microbatch["input_ids"]), microbatch["labels"])
+            output = model_parts[0](microbatch["input_ids"], document_ids=microbatch.get("document_ids"))
+            loss = self.loss_fn(output, microbatch["labels"])
             objective = loss * grad_scale
             extra = self.extra_loss(model_parts) if self.extra_loss is not None else None
             if extra is not None:
@@ -99,7 +100,9 @@ class PipelineExecutor(StepExecutor):
         with self.loss_context():
             # The schedule splits the microbatch further, runs forward and backward over this rank's stages and
             # returns the summed loss on every pipeline rank.
-            return self.pipeline.step(microbatch["input_ids"], microbatch["labels"], grad_scale)
+            return self.pipeline.step(
+                microbatch["input_ids"], microbatch["labels"], grad_scale, document_ids=microbatch.get("document_ids")
+            )
 
     def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         # Each rank holds some stages' gradients; the norm spans all stages.
@@ -116,21 +119,40 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Ten
 
 
 def build_step_executor(
-    family: FamilySpec, layout: ParallelLayout, stages: list[StageModule], loss_fn: LossFn, device: torch.device
+    family: FamilySpec,
+    layout: ParallelLayout,
+    stages: list[StageModule],
+    loss_fn: LossFn,
+    device: torch.device,
+    after_optimizer_step: OptimizerStepHook | None = None,
 ) -> StepExecutor:
     """The executor of `layout`: the pipeline schedule over `stages` under pipeline parallelism, else local.
 
     `loss_fn(output, labels)` is the summed loss; under loss parallel it is made to return a plain tensor.
+    `after_optimizer_step` (e.g. float8's scale precompute) runs after the family's own hook.
     """
     family.check_hooks(layout.dims)
     if layout.dims.loss_parallel_enabled:
         loss_fn = local_loss(loss_fn)
     common = dict(
         loss_context=functools.partial(loss_parallel_context, layout.dims),
-        optimizer_step_hook=family.after_optimizer_step,
+        optimizer_step_hook=chain_hooks(family.after_optimizer_step, after_optimizer_step),
     )
     if layout.plan is None:
         return LocalExecutor(loss_fn=loss_fn, extra_loss=family.extra_loss, **common)
     pp_group = layout.mesh["pp"].get_group()
     pipeline = build_pipeline(layout.plan, stages, pp_group=pp_group, device=device, loss_fn=loss_fn)
     return PipelineExecutor(pipeline=pipeline, **common)
+
+
+def chain_hooks(*hooks: OptimizerStepHook | None) -> OptimizerStepHook | None:
+    """One hook that runs the given ones in order, or None when none is given."""
+    present = [hook for hook in hooks if hook is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+
+    def run_all(model_parts: list[nn.Module]) -> None:
+        for hook in present:
+            hook(model_parts)
+
+    return run_all

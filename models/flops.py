@@ -9,7 +9,9 @@ Convention (the PaLM/torchtitan one, with causal attention counted once):
   per token forward over the full square, so 12 * n_layers * n_heads * head_dim * seq_len for forward and
   backward. A causal mask leaves half of that square to compute, so we count 6 * n_layers * n_heads * head_dim *
   seq_len (for Llama 3, n_heads * head_dim = dim).
-Recomputation for activation checkpointing is not counted: MFU measures useful work.
+Recomputation for activation checkpointing is not counted: MFU measures useful work. torchtitan counts the whole
+attention square instead (twice the attention term here); ``masked_attention_flops_per_token`` is the difference,
+so that MFU figures can be put next to torchtitan's published ones.
 
 Args are any family's with ``dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_hidden_dim, vocab_size``.
 """
@@ -30,3 +32,8 @@ def matmul_params(args: Any) -> int:
 def num_flops_per_token(args: Any, seq_len: int) -> int:
     """Forward + backward FLOPs per trained token at sequence length ``seq_len`` (see the module docstring)."""
     return 6 * matmul_params(args) + 6 * args.n_layers * args.n_heads * args.head_dim * seq_len
+
+
+def masked_attention_flops_per_token(args: Any, seq_len: int) -> int:
+    """The attention FLOPs per token a causal mask skips, which torchtitan's MFU convention counts anyway."""
+    return 6 * args.n_layers * args.n_heads * args.head_dim * seq_len

@@ -35,7 +35,17 @@ class CachedAttention(nn.Module):
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if document_ids is not None:
+            # A prompt is one document: generation attends causally over everything it has seen.
+            raise ValueError("generation is causal over the whole context; call the model without document_ids")
         bsz, seqlen, n_kv_heads, head_dim = k.shape
         start, end = self.length, self.length + seqlen
         if end > self.max_len:

@@ -88,7 +88,13 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(args.head_dim, eps=args.norm_eps) if qk_norm else None
         self.inner_attention = CausalSDPA()
 
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope_cache: torch.Tensor,
+        positions: torch.Tensor | None,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         if positions is None:
             positions = sequence_positions(seqlen, rope_cache)
@@ -100,7 +106,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary_emb(q, rope_cache, positions)
         k = apply_rotary_emb(k, rope_cache, positions)
-        out = self.inner_attention(q, k, v, positions)
+        out = self.inner_attention(q, k, v, positions, document_ids)
         return self.wo(out.reshape(bsz, seqlen, -1))
 
     def init_weights(self, out_std: float) -> None:
@@ -141,8 +147,16 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
 
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope_cache, positions)
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope_cache: torch.Tensor,
+        positions: torch.Tensor | None,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # document_ids stays positional: plans rewrite attention's positional inputs (context parallel's positions
+        # hook, tensor parallel's input layouts) and must see it in its place.
+        h = x + self.attention(self.attention_norm(x), rope_cache, positions, document_ids)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self) -> None:
@@ -183,17 +197,23 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cache", torch.empty(0), persistent=False)
         self.init_weights()
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Logits (or, for a stage without the head, hidden states) of ``tokens [B, S]`` (or hidden states).
 
         ``positions [S]`` are the tokens' positions in their sequence, for RoPE and the inner attention; a
         context-parallel rank, which holds only some chunks of each sequence, passes theirs. None means a whole
         sequence: each attention then takes ``0 .. S-1`` over the sequence it sees (under sequence parallel the
         gathered one, though a pipeline stage receives only its shard of the hidden states).
+
+        ``document_ids [B, S]``, the document of each token in its packed window, makes attention causal within
+        each document only (``dtrain.models.attention``); RoPE still takes the positions in the window. None is
+        causal attention over the whole window.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
-            h = layer(h, self.rope_cache, positions)
+            h = layer(h, self.rope_cache, positions, document_ids)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
 

@@ -1,8 +1,14 @@
-"""Activation checkpointing of transformer blocks: none, full, every Nth block, or selective by op.
+"""Activation checkpointing of transformer blocks: none, full, every Nth block, selective by op, or a memory budget.
 
 Blocks are wrapped with torch's ``checkpoint_wrapper`` (non-reentrant). The wrapper inserts
 ``_checkpoint_wrapped_module`` into parameter names; state dicts (``module.state_dict`` and DCP's
 ``get_state_dict``) strip it again, so checkpoints keep the model's own FQNs.
+
+``memory_budget`` wraps nothing: torch.compile's min-cut partitioner, which splits each compiled block's joint
+graph into forward and backward, chooses what to keep for backward so that the kept activations are at most
+``memory_budget`` of the way from full recomputation (0) to keeping what its speed-optimal partition keeps (1),
+recomputing the cheapest ops first (torch._functorch.config.activation_memory_budget, a process-wide setting).
+Only the backends that partition with min-cut honour it: inductor and aot_eager_decomp_partition.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from dtrain.parallelize.errors import ParallelismError
 
-AC_MODES = ("none", "full", "selective")
+AC_MODES = ("none", "full", "selective", "memory_budget")
+# The torch.compile backends whose joint-graph partitioner (min-cut) reads the activation memory budget.
+MEMORY_BUDGET_BACKENDS = ("inductor", "aot_eager_decomp_partition")
 
 _aten = torch.ops.aten
 
@@ -48,6 +56,31 @@ def parse_selective_option(mode: str, option: str) -> int | None:
     return int(option)
 
 
+def check_memory_budget(mode: str, budget: float, compile_model: bool, compile_backend: str) -> None:
+    """Refuse a memory budget that nothing would honour: out of range, without compile, or on another backend."""
+    if mode != "memory_budget":
+        return
+    if not 0.0 <= budget <= 1.0:
+        raise ParallelismError(f"activation_checkpoint.memory_budget={budget} is invalid (valid: 0.0 to 1.0)")
+    if not compile_model:
+        raise ParallelismError(
+            "activation_checkpoint.mode='memory_budget' is applied by torch.compile's partitioner and needs "
+            "compile.enable = true with 'model' in compile.components"
+        )
+    if compile_backend not in MEMORY_BUDGET_BACKENDS:
+        raise ParallelismError(
+            f"activation_checkpoint.mode='memory_budget' is ignored by compile.backend={compile_backend!r} "
+            f"(valid: {', '.join(MEMORY_BUDGET_BACKENDS)})"
+        )
+
+
+def set_memory_budget(budget: float) -> None:
+    """The fraction of a compiled block's activations the partitioner may keep (see the module doc)."""
+    import torch._functorch.config as functorch_config
+
+    functorch_config.activation_memory_budget = budget
+
+
 def _save_listed_ops(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in SAC_SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -63,7 +96,7 @@ def apply_ac(blocks: nn.ModuleDict, mode: str, selective_option: str = "2") -> N
     "Every Nth" counts from 1, as torchtitan does: with N=2 blocks 1, 3, 5, ... (0-based) are checkpointed.
     """
     every_nth = parse_selective_option(mode, selective_option)
-    if mode == "none":
+    if mode in ("none", "memory_budget"):
         return
     for position, (name, block) in enumerate(list(blocks.items()), start=1):
         if mode == "full":

@@ -7,29 +7,37 @@ chunks attend to little, the late ones to much); with ``"none"`` rank ``i`` hold
 
 Everything but attention is per token, so only three things change, all applied from outside the model:
 
-- the batch: ``shard_sequence`` keeps this rank's tokens of ``input_ids`` and ``labels`` (the step calls it);
+- the batch: ``shard_sequence`` keeps this rank's tokens of ``input_ids``, ``labels`` and, under document masking,
+  ``document_ids`` (the step calls it);
 - positions: a forward pre-hook gives every attention module the true positions of its tokens in the whole
   sequence, so RoPE rotates each token as on one rank (``sequence_positions`` would number the local ones 0..);
-- attention: ``AllGatherKVAttention`` replaces each ``inner_attention``. It all-gathers keys and values over the
-  cp group (their grouped kv heads, before they are repeated for the query heads: ``n_heads / n_kv_heads`` times
-  less traffic) with an autograd-aware functional collective, whose backward reduce-scatters their gradients
-  back, and lets each local query attend to the gathered keys at positions up to its own.
+- attention: each block's ``inner_attention`` is replaced by one that sees the whole sequence's keys, chosen by
+  ``cp_attention_path``:
 
-torch's own ``context_parallel`` (ring attention) needs CUDA's flash/efficient/cuDNN SDPA kernels: on CPU there is
-no sharding rule for the CPU SDPA op (../shared/notes/cpu-facts.md, probe 5), so dtrain owns this implementation,
-which is exact on every device: the same all-gather rotation torch uses by default, with a causal mask built
-from positions rather than ``is_causal``.
+  - ``ring`` (CUDA, causal mask): torch's ring attention over SDPA's flash/efficient/cuDNN kernels
+    (ring_attention.py), the one torchtitan uses; ``context_parallel_rotate_method`` picks its kv rotation.
+  - ``blockwise`` (CPU, causal mask): ``AllGatherKVAttention`` all-gathers keys and values over the cp group
+    (their grouped kv heads, before they are repeated for the query heads: ``n_heads / n_kv_heads`` times less
+    traffic) with an autograd-aware functional collective, whose backward reduce-scatters their gradients back,
+    then attends chunk by chunk with the CPU flash kernel (blockwise_attention.py): no mask, exact causal work.
+    torch's ring cannot serve here: the CPU SDPA op has no context-parallel rule (../shared/notes/cpu-facts.md,
+    probe 5).
+  - ``masked`` (document masking on any device, or a device torch's ring does not serve): the same all-gather,
+    then SDPA with a mask built from positions (and document ids): exact for any mask, at ``seq²/cp`` mask
+    bytes per layer kept for backward.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from dtrain.models.attention import repeat_kv
 from dtrain.parallelize.blockwise_attention import BlockCausalAttention
+from dtrain.parallelize.ring_attention import RingAttention
 from dtrain.parallelize.torch_compat import all_gather_autograd
 
 LOAD_BALANCERS = ("headtail", "none")
@@ -74,40 +82,66 @@ def shard_sequence(
     return {key: value.index_select(1, index) for key, value in batch.items()}
 
 
-class AllGatherKVAttention(nn.Module):
-    """Causal grouped-query attention of this rank's queries over the whole sequence's keys and values."""
+def cp_attention_path(device_type: str, attention_mask: str) -> str:
+    """The attention a cp rank runs (see the module doc): ``ring``, ``blockwise`` or ``masked``."""
+    if attention_mask != "causal":
+        return "masked"
+    return {"cuda": "ring", "cpu": "blockwise"}.get(device_type, "masked")
 
-    def __init__(self, cp_mesh: DeviceMesh, load_balancer: str):
+
+class AllGatherKVAttention(nn.Module):
+    """Grouped-query attention of this rank's queries over the whole sequence's keys and values, gathered over cp:
+    chunk by chunk with the CPU kernel when `blockwise` (causal mask only), else with a mask."""
+
+    def __init__(self, cp_mesh: DeviceMesh, load_balancer: str, blockwise: bool):
         super().__init__()
         self.cp_mesh = cp_mesh
         self.load_balancer = load_balancer
+        self.blockwise = blockwise
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         cp = self.cp_mesh.size()
         k = all_gather_autograd(k.contiguous(), gather_dim=1, group=self.cp_mesh)
         v = all_gather_autograd(v.contiguous(), gather_dim=1, group=self.cp_mesh)
-        if q.device.type == "cpu":
+        if self.blockwise:
             blocks = chunk_blocks(self.cp_mesh.get_local_rank(), cp, self.load_balancer)
             k, v = in_position_order(k, cp, self.load_balancer), in_position_order(v, cp, self.load_balancer)
             out = BlockCausalAttention.apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), blocks)
             return out.transpose(1, 2)
-        return masked_attention(q, k, v, positions, gathered_positions(q.shape[1], cp, self.load_balancer, q.device))
+        key_positions = gathered_positions(q.shape[1], cp, self.load_balancer, q.device)
+        allowed = positions[:, None] >= key_positions[None, :]
+        if document_ids is not None:
+            key_documents = funcol.all_gather_tensor(document_ids.contiguous(), gather_dim=1, group=self.cp_mesh)
+            allowed = allowed & (document_ids[:, :, None] == key_documents[:, None, :])
+        return masked_attention(q, k, v, allowed)
 
 
-def masked_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor
-) -> torch.Tensor:
-    """This rank's queries over all keys with a causal mask built from positions: exact for any order, but the
-    mask is [queries, keys] and kept for backward (4 seq²/cp bytes per layer). Off CPU until dtrain uses torch's
-    ring attention on CUDA, which needs no mask either."""
-    allowed = positions[:, None] >= key_positions[None, :]
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Queries ``[b, s_q, heads, d]`` over keys ``[b, s_k, kv_heads, d]`` where `allowed` ``[(b,) s_q, s_k]`` is
+    true: exact for any order and mask, but the mask is kept for backward (``s_q s_k`` bytes per layer)."""
     n_rep = q.shape[2] // k.shape[2]
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+    if allowed.dim() == 3:  # one mask per sequence, shared by the heads
+        allowed = allowed[:, None]
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed)
     return out.transpose(1, 2)
 
 
-def apply_cp(layers: nn.Module, cp_mesh: DeviceMesh, load_balancer: str) -> None:
+def cp_attention(cp_mesh: DeviceMesh, load_balancer: str, rotate_method: str, path: str) -> nn.Module:
+    """The inner attention of one block under context parallel, on `path` (``cp_attention_path``)."""
+    if path == "ring":
+        return RingAttention(cp_mesh, load_balancer, rotate_method)
+    return AllGatherKVAttention(cp_mesh, load_balancer, blockwise=path == "blockwise")
+
+
+def apply_cp(layers: nn.Module, cp_mesh: DeviceMesh, load_balancer: str, rotate_method: str, path: str) -> None:
     """Make every block of `layers` attend across the cp ranks' chunks, in place (see the module doc)."""
     cp_rank, cp = cp_mesh.get_local_rank(), cp_mesh.size()
 
@@ -117,5 +151,5 @@ def apply_cp(layers: nn.Module, cp_mesh: DeviceMesh, load_balancer: str) -> None
         return (x, rope_cache, positions, *args[3:])
 
     for block in layers.values() if isinstance(layers, nn.ModuleDict) else layers:
-        block.attention.inner_attention = AllGatherKVAttention(cp_mesh, load_balancer)
+        block.attention.inner_attention = cp_attention(cp_mesh, load_balancer, rotate_method, path)
         block.attention.register_forward_pre_hook(global_positions)

@@ -86,6 +86,6 @@ def apply_fsdp(
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
     """Replicate the whole model over `dp_mesh` with DDP's bucketed gradient all-reduce, in place.
 
-    DDP trains in the model's own dtype: FSDP's mixed-precision settings do not apply to it.
+    DDP keeps the model's fp32 parameters; the run's compute and reduce dtypes come from mixed_precision.py.
     """
     replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100)

@@ -4,7 +4,9 @@ Order (torchtitan's, and each step depends on the previous ones):
 1. tensor (+ sequence, + loss) parallel: the plan below; parameters become DTensors on the ``tp`` mesh;
 2. activation checkpointing of blocks (wraps each block, so it must see the TP'd block);
 3. ``torch.compile`` per block (compiles the TP'd, checkpointed block as one graph);
-4. data parallel last: FSDP2 / HSDP (``fully_shard`` adds the ``dp`` dimension to the TP DTensors) or DDP.
+4. data parallel last: FSDP2 / HSDP (``fully_shard`` adds the ``dp`` dimension to the TP DTensors, and computes in
+   the run's dtype by its mixed-precision policy) or, without FSDP, the forward under autocast to that dtype and
+   DDP where there are replicas (mixed_precision.py).
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
 from dtrain.models.llama3 import LLAMA3, Llama3Args
-from dtrain.parallelize.activation_checkpoint import apply_ac
+from dtrain.parallelize.activation_checkpoint import apply_ac, set_memory_budget
 from dtrain.parallelize.compile import apply_compile, start_compile_trace
 from dtrain.parallelize.context_parallel import apply_cp
 from dtrain.parallelize.data_parallel import apply_ddp, apply_fsdp, parse_dtype
 from dtrain.parallelize.errors import ParallelismError
 from dtrain.parallelize.family_spec import FamilySpec
 from dtrain.parallelize.mesh import ParallelMesh, fsdp_mesh
+from dtrain.parallelize.mixed_precision import autocast_forward, reduce_ddp_gradients_in
 from dtrain.parallelize.options import ParallelizeOptions
 from dtrain.parallelize.parallel_dims import ParallelDims
 from dtrain.parallelize.tensor_parallel import (
@@ -47,10 +50,11 @@ def llama3_tp_plan(*, sequence_parallel: bool = True, loss_parallel: bool = True
     seq = Shard(1)
     act = seq if sequence_parallel else Replicate()
     norm_style = SequenceParallel if sequence_parallel else ReplicateParallel
-    # With sequence parallel each region gathers the sequence once at its entry (the RoPE table and the positions,
-    # attention's other inputs, are not sharded). Without it, activations arrive replicated and need no preparation.
+    # With sequence parallel each region gathers the sequence once at its entry (the RoPE table, the positions and
+    # the document ids, attention's other inputs, are whole on every rank and stay plain tensors). Without it,
+    # activations arrive replicated and need no preparation.
     gather_attention_input = PrepareModuleInput(
-        input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None)
+        input_layouts=(seq, None, None, None), desired_input_layouts=(Replicate(), None, None, None)
     )
     gather_ffn_input = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
     return {
@@ -122,23 +126,33 @@ def parallelize_decoder(
             enable_async_tp(mesh["tp"])
     if dims.cp_enabled:
         # Before AC and compile, so that both see the attention that gathers keys and values over cp.
-        apply_cp(model.layers, mesh["cp"], options.cp_load_balancer)
+        apply_cp(
+            model.layers, mesh["cp"], options.cp_load_balancer, options.cp_rotate_method, options.cp_attention_path
+        )
     apply_ac(model.layers, options.ac_mode, options.selective_ac_option)
+    if options.ac_mode == "memory_budget":
+        set_memory_budget(options.memory_budget)
     if options.compile_model:
         if options.compile_trace_dir:
             start_compile_trace(options.compile_trace_dir)
         apply_compile(model.layers, options.compile_backend)
+    param_dtype = parse_dtype(options.param_dtype, "training.mixed_precision_param")
+    reduce_dtype = parse_dtype(options.reduce_dtype, "training.mixed_precision_reduce")
     if dims.fsdp_enabled:
         apply_fsdp(
             model,
             fsdp_mesh(mesh, dims),
-            param_dtype=parse_dtype(options.param_dtype, "training.mixed_precision_param"),
-            reduce_dtype=parse_dtype(options.reduce_dtype, "training.mixed_precision_reduce"),
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
             reshard_after_forward=options.reshard_after_forward,
             cpu_offload=options.cpu_offload,
         )
-    elif dims.ddp_enabled:
+        return model
+    # Without FSDP's policy, the forward computes in the run's dtype under autocast (mixed_precision.py).
+    autocast_forward(model, options.device_type, param_dtype)
+    if dims.ddp_enabled:
         apply_ddp(model, mesh["dp_replicate"])
+        reduce_ddp_gradients_in(model, mesh["dp_replicate"], reduce_dtype)
     return model
 
 

@@ -83,12 +83,20 @@ class Pipeline:
     def has_last_stage(self) -> bool:
         return self.stages[-1].index == self.plan.num_stages - 1
 
-    def step(self, input_ids: torch.Tensor, labels: torch.Tensor, grad_scale: torch.Tensor | float) -> torch.Tensor:
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        grad_scale: torch.Tensor | float,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Forward and backward of one batch (split into the plan's microbatches); gradients accumulate.
 
         Returns the batch's summed loss, unscaled, on every pipeline rank (all-reduced from the rank that holds
         the last stage), so that every rank logs the same loss. Run it inside the trainer's loss context (loss
-        parallel under TP), which the last stage's loss and backward need.
+        parallel under TP), which the last stage's loss and backward need. `document_ids` (document masking)
+        reaches every stage's forward: the schedule splits keyword arguments into microbatches like the inputs
+        and hands them to each stage, not only the first.
         """
         self.loss.grad_scale = grad_scale
         losses: list[torch.Tensor] = []
@@ -97,7 +105,8 @@ class Pipeline:
         # seq_len + 1 tokens, is refused unless made contiguous. A no-op for the data loader's batches.
         args = (input_ids.contiguous(),) if self.has_first_stage else ()
         target = labels.contiguous() if self.has_last_stage else None
-        self.schedule.step(*args, target=target, losses=losses, return_outputs=False)
+        kwargs = {"document_ids": document_ids.contiguous()} if document_ids is not None else {}
+        self.schedule.step(*args, target=target, losses=losses, return_outputs=False, **kwargs)
         if losses:
             loss_sum = torch.stack([loss.detach() for loss in losses]).sum() / grad_scale
         else:

@@ -1,8 +1,10 @@
-"""Benchmark: the same training job under several layouts and compile settings, side by side in one invocation.
+"""Benchmark: the same training job under several layouts, compile and float8 settings, side by side in one run.
 
-Each variant is a real `run_train.sh` run (synthetic data, identical model, batch and steps); throughput is read
-from its metrics.jsonl, leaving out the first steps (compilation, allocator warm-up). The report gives tokens/s
-per rank and for the whole job, and each variant's whole-job ratio to the first one:
+Each variant is a real `run_train.sh` run (synthetic data, identical model, batch and steps); throughput, MFU and
+peak memory are read from its metrics.jsonl, leaving out the first steps (compilation, allocator warm-up). The
+report gives tokens/s per rank and for the whole job, each variant's whole-job ratio to the first one, MFU per
+device in dtrain's convention (causal attention counted once) and in torchtitan's (the whole attention square),
+and the peak memory; `--output FILE` also writes the table there:
 
     python scripts/bench_layouts.py                                   # eager vs compile, 1 process vs FSDP2/TP on 2
     python scripts/bench_layouts.py --variants eager,fsdp2 --steps 30 -- --model.flavor 1B --training.seq_len 2048
@@ -28,6 +30,10 @@ VARIANTS = {
     "fsdp2": (2, ["--parallelism.data_parallel_shard_degree", "2"]),
     "tp2": (2, ["--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"]),
     "fsdp2_compile": (2, ["--parallelism.data_parallel_shard_degree", "2", "--compile.enable"]),
+    "compile_float8_tensorwise": (1, ["--compile.enable", "--model.converters", "float8"]),
+    "compile_float8_rowwise": (
+        1, ["--compile.enable", "--model.converters", "float8", "--quantize.linear.float8.recipe_name", "rowwise"]
+    ),
 }
 
 
@@ -47,9 +53,36 @@ def run_variant(name: str, steps: int, warmup: int, batch: int, extra: list[str]
     if result.returncode != 0:
         raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    per_rank = statistics.median(r["tps"] for r in records if r["step"] > warmup)
+    timed = [r for r in records if r["step"] > warmup]
+    per_rank = statistics.median(r["tps"] for r in timed)
+    mfus = [r["mfu"] for r in timed if r.get("mfu") is not None]
     return {"name": name, "processes": nproc, "tps_per_rank": per_rank, "tps_total": per_rank * nproc,
-            "loss": records[-1]["loss"]}
+            "loss": records[-1]["loss"], "mfu": statistics.median(mfus) if mfus else None,
+            "memory_gib": max(r["memory_gib"] for r in records)}
+
+
+def full_square_factor(extra: list[str]) -> float:
+    """torchtitan's FLOPs per token over dtrain's for the configured model (see models/flops.py)."""
+    from dtrain.checks import prepare
+    from dtrain.config import load_config
+    from dtrain.models.flops import masked_attention_flops_per_token
+
+    cfg = load_config(["--training.dataset", "synthetic", *extra])
+    prepared = prepare(cfg)
+    ours = prepared.family.model.flops_per_token(prepared.model_args, cfg.training.seq_len)
+    return (ours + masked_attention_flops_per_token(prepared.model_args, cfg.training.seq_len)) / ours
+
+
+def table(rows: list[dict], factor: float) -> list[str]:
+    base = rows[0]["tps_total"]
+    lines = ["| variant | procs | tok/s/rank | tok/s total | ratio | MFU % | MFU % (torchtitan) | peak GiB | final loss |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1f}"
+        mfu_tt = "-" if r["mfu"] is None else f"{r['mfu'] * factor:.1f}"
+        lines.append(f"| {r['name']} | {r['processes']} | {r['tps_per_rank']:.0f} | {r['tps_total']:.0f} "
+                     f"| {r['tps_total'] / base:.2f} | {mfu} | {mfu_tt} | {r['memory_gib']:.2f} | {r['loss']:.4f} |")
+    return lines
 
 
 def main() -> None:
@@ -58,6 +91,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5, help="leading steps left out of the median")
     parser.add_argument("--batch", type=int, default=8, help="global batch size (sequences)")
+    parser.add_argument("--output", help="also write the table to this file")
     parser.add_argument("extra", nargs="*", help="overrides passed to every run (after --)")
     args = parser.parse_args()
 
@@ -67,12 +101,11 @@ def main() -> None:
         raise SystemExit(f"unknown variant(s) {unknown}; valid: {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory() as tmp:
         rows = [run_variant(n, args.steps, args.warmup, args.batch, args.extra, Path(tmp)) for n in names]
-    base = rows[0]["tps_total"]
-    print(f"steps={args.steps} (median after {args.warmup}) global_batch={args.batch} overrides={args.extra}")
-    print(f"{'variant':<14}{'procs':>6}{'tok/s/rank':>12}{'tok/s total':>13}{'ratio':>8}{'final loss':>12}")
-    for r in rows:
-        print(f"{r['name']:<14}{r['processes']:>6}{r['tps_per_rank']:>12.0f}{r['tps_total']:>13.0f}"
-              f"{r['tps_total'] / base:>8.2f}{r['loss']:>12.4f}")
+    header = f"steps={args.steps} (median after {args.warmup}) global_batch={args.batch} overrides={args.extra}"
+    report = "\n".join([header, *table(rows, full_square_factor(args.extra))])
+    print(report)
+    if args.output:
+        Path(args.output).write_text(report + "\n")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,19 @@ def timed(run, steps, device) -> float:
     return time.perf_counter() - start
 
 
+def alternating_rounds(loops: dict, rounds: int, steps: int, device: torch.device, warmup_steps: int) -> dict:
+    """Seconds of each of `rounds` rounds of `steps` steps per loop, the loops taking turns, after a warm-up."""
+    for run in loops.values():  # warm up allocators, kernels and optimizer state
+        timed(run, warmup_steps, device)
+    times = {name: [] for name in loops}
+    for round_index in range(rounds):
+        # Alternate which loop goes first, so that neither always inherits the other's cache or clock state.
+        order = list(loops) if round_index % 2 == 0 else list(reversed(loops))
+        for name in order:
+            times[name].append(timed(loops[name], steps, device))
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama3")
@@ -122,15 +135,7 @@ def main() -> None:
         "bare": bare_loop(copy.deepcopy(reference), batch, args.steps, 1.0, opt_cfg, sched_cfg, device),
         "dtrain": dtrain_loop(copy.deepcopy(reference), batch, args.steps, 1.0, opt_cfg, sched_cfg, device),
     }
-    for run in loops.values():  # warm up allocators, kernels and optimizer state
-        timed(run, 2, device)
-    times = {name: [] for name in loops}
-    for round_index in range(args.rounds):
-        # Alternate which loop goes first, so that neither always inherits the other's cache or clock state.
-        order = list(loops) if round_index % 2 == 0 else list(reversed(loops))
-        for name in order:
-            times[name].append(timed(loops[name], args.steps, device))
-
+    times = alternating_rounds(loops, args.rounds, args.steps, device, warmup_steps=2)
     tokens_per_round = args.batch * args.seq_len * args.steps
     # The fastest round is the least disturbed by other work on the machine; the median is shown beside it.
     tps = {name: tokens_per_round / min(t) for name, t in times.items()}

@@ -8,6 +8,7 @@ import torch
 
 from dtrain.config.schema import JobConfig
 from dtrain.errors import ConfigError
+from dtrain.low_bit_optim import low_bit_format
 
 # Parts of the TrainState a resume may skip; the model and the step counters are what a checkpoint is.
 EXCLUDABLE_PARTS = ("optimizer", "lr_scheduler", "dataloader")
@@ -20,6 +21,12 @@ def check_checkpoint_config(cfg: JobConfig, world_size: int) -> None:
         raise ConfigError(
             "checkpoint.async_mode = async_with_pinned_mem needs CUDA (it stages into pinned host memory for "
             "device-to-host copies); use async_mode = async on this machine"
+        )
+    if c.enable and c.async_mode != "disabled" and low_bit_format(cfg.optimizer.name) is not None:
+        # DCP's async stager copies every tensor through new_empty, which torchao's quantized states lack.
+        raise ConfigError(
+            f"checkpoint.async_mode = {c.async_mode} cannot stage the quantized state of optimizer.name = "
+            f"{cfg.optimizer.name} (torchao's tensors lack new_empty); use checkpoint.async_mode = disabled"
         )
     for part in c.exclude_from_loading:
         if part not in EXCLUDABLE_PARTS:

@@ -88,6 +88,10 @@ def read_whole_state(path: Path) -> dict[str, Any]:
     # empty dict), but through the safe reader and planner: torch's would run the checkpoint's pickles.
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    # A low-bit optimizer's moments are stored as torchao's tensor subclasses, which torch.load(weights_only=True)
+    # admits once torchao.optim has registered them; they are read into plain (dequantized) tensors here.
+    import torchao.optim  # noqa: F401
+
     reader = verifying_reader(path)
     state: dict[str, Any] = {}
     try:

@@ -55,7 +55,7 @@ def _table_entry(key: str) -> tuple[FieldSpec, str] | None:
 
 def _negated_bool(key: str) -> FieldSpec | None:
     """The boolean field that `section.no_name` switches off, or None when `key` is not of that form."""
-    section, _, name = key.partition(".")
+    section, _, name = key.rpartition(".")
     if not name.startswith("no_"):
         return None
     spec = config_fields().get(f"{section}.{name[3:]}")

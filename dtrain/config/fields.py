@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from dtrain.config.converters import refused_key_message
 from dtrain.config.schema import JobConfig
 
 # The value kinds a field may have. Each maps to one parser (CLI) and one checker (TOML / Python values). A "table"
@@ -75,9 +76,27 @@ def _kind_of(annotation: Any, where: str) -> tuple[str, bool]:
 
 @lru_cache(maxsize=1)
 def section_classes() -> dict[str, type]:
-    """Section name -> its dataclass, in schema order."""
-    hints = typing.get_type_hints(JobConfig)
-    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
+    """Section name -> its dataclass, in schema order. A field whose type is a dataclass is a section nested in its
+    parent, named by its dotted path as its TOML table is (``quantize.linear.float8``)."""
+    sections: dict[str, type] = {}
+
+    def visit(prefix: str, cls: type) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                name = f"{prefix}{f.name}"
+                sections[name] = hints[f.name]
+                visit(f"{name}.", hints[f.name])
+
+    visit("", JobConfig)
+    return sections
+
+
+def section_of(cfg: Any, section: str) -> Any:
+    """The dataclass instance of `section` (a dotted path for a nested one) inside `cfg`."""
+    for name in section.split("."):
+        cfg = getattr(cfg, name)
+    return cfg
 
 
 @lru_cache(maxsize=1)
@@ -88,6 +107,8 @@ def config_fields() -> dict[str, FieldSpec]:
         hints = typing.get_type_hints(cls)
         instance = cls()
         for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                continue  # a nested section, visited on its own
             kind, optional = _kind_of(hints[f.name], f"{section}.{f.name}")
             spec = FieldSpec(
                 section=section,
@@ -104,8 +125,9 @@ def config_fields() -> dict[str, FieldSpec]:
 
 
 def section_names() -> list[str]:
-    """The section names in schema order."""
-    return list(section_classes())
+    """The names of the sections that hold keys, in schema order (``quantize`` only holds other sections)."""
+    holding = {spec.section for spec in config_fields().values()}
+    return [name for name in section_classes() if name in holding]
 
 
 def suggest_key(name: str) -> str | None:
@@ -135,11 +157,14 @@ def suggest_key(name: str) -> str | None:
 
 def unknown_key_message(name: str, where: str = "") -> str:
     """An unknown-key error: the key (and `where`, e.g. " in FILE"), then a suggestion or what is valid there."""
+    refusal = refused_key_message(name, where)
+    if refusal:
+        return refusal
     suggestion = suggest_key(name)
     if suggestion:
         return f"unknown key {name}{where} (did you mean {suggestion}?)"
-    section = name.split(".", 1)[0]
-    if section in section_classes() and "." in name:
+    section = name.rpartition(".")[0]
+    if section in section_names():
         names = ", ".join(s.name for s in config_fields().values() if s.section == section)
         return f"unknown key {name}{where} (keys of {section}: {names})"
     return f"unknown key {name}{where} (sections: {', '.join(section_names())}; see --help)"
@@ -147,6 +172,9 @@ def unknown_key_message(name: str, where: str = "") -> str:
 
 def unknown_section_message(section: str, where: str = "") -> str:
     """An unknown-section error (an empty TOML table), with the closest section name when there is one."""
+    refusal = refused_key_message(section, where)
+    if refusal:
+        return refusal
     close = difflib.get_close_matches(section, section_names(), n=1, cutoff=0.6)
     hint = f"did you mean [{close[0]}]?" if close else f"sections: {', '.join(section_names())}"
     return f"unknown section [{section}]{where} ({hint})"

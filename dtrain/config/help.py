@@ -6,7 +6,7 @@ import shlex
 import textwrap
 from typing import Any
 
-from dtrain.config.fields import FieldSpec, config_fields, section_names
+from dtrain.config.fields import FieldSpec, config_fields, section_names, section_of
 from dtrain.config.schema import JobConfig
 
 _HEADER = """\
@@ -71,7 +71,7 @@ def format_help(cfg_defaults: JobConfig | None = None) -> str:
     for section in section_names():
         lines.append(f"[{section}]")
         for spec in (s for s in specs if s.section == section):
-            lines.append(_flag_line(spec, getattr(getattr(cfg, section), spec.name)))
+            lines.append(_flag_line(spec, getattr(section_of(cfg, section), spec.name)))
             lines.extend(textwrap.wrap(spec.doc, width=110, initial_indent="      ", subsequent_indent="      "))
         lines.append("")
     return "\n".join(lines)

@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from dtrain.config.cli import parse_argv
-from dtrain.config.fields import config_fields, section_classes, unknown_key_message, unknown_section_message
+from dtrain.config.fields import (
+    config_fields,
+    section_classes,
+    section_of,
+    unknown_key_message,
+    unknown_section_message,
+)
 from dtrain.config.schema import JobConfig
 from dtrain.config.toml_io import read_toml
 from dtrain.config.validate import canonical_schedule, validate_config
@@ -63,19 +69,32 @@ def _listing(configs_dir: Path) -> str:
 
 def apply_toml(cfg: JobConfig, data: Mapping[str, Any], source: str) -> None:
     """Overlay parsed TOML `data` onto `cfg`, checking every key and value; `source` names the file in errors."""
-    specs = config_fields()
     where = f" in {source}"
     for section, table in data.items():
         if not isinstance(table, dict):
             # A key outside any [section] table.
             raise ConfigError(unknown_key_message(section, where))
-        if section not in section_classes() and not table:
-            raise ConfigError(unknown_section_message(section, where))
-        for key, value in table.items():
-            spec = specs.get(f"{section}.{key}")
-            if spec is None:
-                raise ConfigError(unknown_key_message(f"{section}.{key}", where))
-            setattr(getattr(cfg, section), key, coerce_value(spec, value, source))
+        _apply_table(cfg, section, table, source)
+
+
+def _apply_table(cfg: JobConfig, section: str, table: Mapping[str, Any], source: str) -> None:
+    """Overlay the TOML table of `section`; a table inside it is a nested section (``[quantize.linear.float8]``)
+    unless the schema has a table-valued key of that name (``[model.args]``)."""
+    where = f" in {source}"
+    if section not in section_classes():
+        raise ConfigError(
+            unknown_key_message(f"{section}.{next(iter(table))}", where)
+            if table
+            else unknown_section_message(section, where)
+        )
+    for key, value in table.items():
+        spec = config_fields().get(f"{section}.{key}")
+        if spec is not None:
+            setattr(section_of(cfg, section), key, coerce_value(spec, value, source))
+        elif isinstance(value, dict):  # a nested section; an unknown one is reported by its first key
+            _apply_table(cfg, f"{section}.{key}", value, source)
+        else:
+            raise ConfigError(unknown_key_message(f"{section}.{key}", where))
 
 
 def load_config(
@@ -95,8 +114,8 @@ def load_config(
     apply_toml(cfg, read_toml(path), str(path))
     for spec, value in parsed.overrides:
         if spec.kind == "table":  # one entry per flag: merged into what the TOML file gave
-            value = {**getattr(getattr(cfg, spec.section), spec.name), **value}
-        setattr(getattr(cfg, spec.section), spec.name, value)
+            value = {**getattr(section_of(cfg, spec.section), spec.name), **value}
+        setattr(section_of(cfg, spec.section), spec.name, value)
     cfg.job.config_file = str(path)
     # Store the schedule in its canonical spelling so that code downstream can compare names exactly.
     cfg.parallelism.pipeline_parallel_schedule = (

@@ -62,11 +62,21 @@ class Model:
         "Overrides of the flavor's shape, checked against the family's args: [model.args] n_layers = 2, or "
         "--model.args.n_layers 2 (none unsets an optional field).",
     )
+    converters: list[str] = opt(
+        [],
+        "Model converters applied before parallelizing: float8 (torchao float8 training, configured in "
+        "[quantize.linear.float8]; quantize.linear.float8 is the same).",
+    )
 
 
 @dataclass
 class Optimizer:
-    name: str = opt("AdamW", "Optimizer.", choices=("AdamW", "Adam"))
+    name: str = opt(
+        "AdamW",
+        "Optimizer: torch's AdamW or Adam, or torchao's with moments stored in 8 bits, 4 bits or float8 (AdamW8bit, "
+        "AdamW4bit, AdamWFp8 and the Adam ones; only tensors of at least 4096 elements are quantized).",
+        choices=("AdamW", "Adam", "AdamW8bit", "AdamW4bit", "AdamWFp8", "Adam8bit", "Adam4bit", "AdamFp8"),
+    )
     lr: float = opt(8e-4, "Peak learning rate.", minimum=0.0)
     beta1: float = opt(0.9, "Adam beta1.", minimum=0.0)
     beta2: float = opt(0.95, "Adam beta2.", minimum=0.0)
@@ -74,7 +84,8 @@ class Optimizer:
     weight_decay: float = opt(0.1, "Decoupled weight decay (not applied to norms and biases).", minimum=0.0)
     implementation: str = opt(
         "auto",
-        "Optimizer kernel: fused or foreach where the device supports it (auto picks), or the plain for-loop.",
+        "Optimizer kernel: fused or foreach where the device supports it (auto picks), or the plain for-loop; "
+        "torch's AdamW and Adam only (torchao's compile their own step).",
         choices=("auto", "fused", "foreach", "for-loop"),
     )
 
@@ -106,12 +117,23 @@ class Training:
         -1, "Sequences per optimizer step over all ranks; -1 = local_batch_size × data-parallel size.", minimum=-1
     )
     seq_len: int = opt(2048, "Tokens per sequence.", minimum=2)
+    attention_mask: str = opt(
+        "causal",
+        "causal: every token attends to all earlier tokens of its packed sequence; block_causal (document masking): "
+        "only to earlier tokens of its own document (a new document starts at each BOS).",
+        choices=("causal", "block_causal"),
+    )
     max_norm: float = opt(1.0, "Clip the global gradient norm to this value; 0 disables clipping.", minimum=0.0)
     steps: int = opt(10000, "Optimizer steps to train.", minimum=1)
     mixed_precision_param: str = opt(
-        "bfloat16", "FSDP compute dtype of parameters.", choices=("bfloat16", "float32", "float16")
+        "bfloat16",
+        "Compute dtype of every layout (FSDP casts parameters to it; other layouts run the forward under autocast); "
+        "parameters, gradients and optimizer state stay float32.",
+        choices=("bfloat16", "float32", "float16"),
     )
-    mixed_precision_reduce: str = opt("float32", "FSDP gradient reduce dtype.", choices=("float32", "bfloat16"))
+    mixed_precision_reduce: str = opt(
+        "float32", "Dtype of data-parallel gradient reductions (FSDP, HSDP, DDP).", choices=("float32", "bfloat16")
+    )
     enable_cpu_offload: bool = opt(False, "Keep FSDP2-sharded parameters, gradients and optimizer state on CPU.")
     gc_freq: int = opt(50, "Run Python garbage collection every this many steps (automatic GC is disabled).", minimum=1)
     skip_nonfinite_steps: int = opt(
@@ -171,8 +193,8 @@ class Parallelism:
     )
     context_parallel_rotate_method: str = opt(
         "allgather",
-        "How keys and values reach every context-parallel rank: allgather (implemented on every device); "
-        "alltoall (torch's ring rotation on CUDA) is refused until dtrain uses torch's ring attention.",
+        "How keys and values reach every context-parallel rank under torch's ring attention (CUDA, causal "
+        "mask): allgather or alltoall; elsewhere dtrain all-gathers them, and alltoall is refused.",
         choices=("allgather", "alltoall"),
     )
     expert_parallel_degree: int = opt(1, "Expert parallel degree (MoE models).", minimum=1)
@@ -210,9 +232,19 @@ class Checkpoint:
 
 @dataclass
 class ActivationCheckpoint:
-    mode: str = opt("none", "Recompute activations in backward: none, full, or selective.", choices=("none", "full", "selective"))
+    mode: str = opt(
+        "none",
+        "Recompute activations in backward: none, full, selective, or memory_budget (torch.compile's partitioner "
+        "keeps what fits activation_checkpoint.memory_budget; needs compile).",
+        choices=("none", "full", "selective", "memory_budget"),
+    )
     selective_ac_option: str = opt(
         "2", "Selective AC: an integer N checkpoints every Nth block; op saves a list of ops and recomputes the rest."
+    )
+    memory_budget: float = opt(
+        0.5,
+        "For mode memory_budget: 0.0 keeps what full AC keeps, 1.0 what compile keeps without AC; between, the "
+        "partitioner recomputes the cheapest ops to fit.",
     )
 
 
@@ -264,6 +296,42 @@ class Comm:
 
 
 @dataclass
+class QuantizeLinearFloat8:
+    recipe_name: str = opt(
+        "tensorwise",
+        "float8 scaling: tensorwise (one scale per tensor), rowwise (per row), or rowwise_with_gw_hp (rowwise, the "
+        "weight gradient in high precision).",
+        choices=("tensorwise", "rowwise", "rowwise_with_gw_hp"),
+    )
+    enable_fsdp_float8_all_gather: bool = opt(
+        False, "FSDP2 all-gathers float8 weights (half of bf16's traffic); tensorwise only, ignored without FSDP."
+    )
+    precompute_float8_dynamic_scale_for_fsdp: bool = opt(
+        False, "Compute all float8 weight scales in one all-reduce after each optimizer step (needs the all-gather)."
+    )
+    filter_fqns: list[str] = opt(
+        ["output"],
+        "Linears whose module name contains any of these stay in high precision; linears with a dimension not "
+        "divisible by 16 always do.",
+    )
+    emulate: bool = opt(
+        False,
+        "Emulate float8 matmuls in high precision; chosen automatically where the device has no float8 matmuls "
+        "(CPU, CUDA capability < 8.9).",
+    )
+
+
+@dataclass
+class QuantizeLinear:
+    float8: QuantizeLinearFloat8 = field(default_factory=QuantizeLinearFloat8)
+
+
+@dataclass
+class Quantize:
+    linear: QuantizeLinear = field(default_factory=QuantizeLinear)
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -278,3 +346,4 @@ class JobConfig:
     profiling: Profiling = field(default_factory=Profiling)
     debug: Debug = field(default_factory=Debug)
     comm: Comm = field(default_factory=Comm)
+    quantize: Quantize = field(default_factory=Quantize)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dtrain.config.fields import config_fields, section_names, section_of
 from dtrain.config.schema import JobConfig
 from dtrain.errors import ConfigError
 
@@ -79,9 +80,12 @@ def toml_value(value: Any) -> str:
 
 def to_toml(cfg: JobConfig) -> str:
     """The whole resolved config as TOML: every section and every set key, in schema order; a table field
-    (e.g. model.args) follows its section as its own [section.key] table."""
+    (e.g. model.args) follows its section as its own [section.key] table, and a nested section is its own
+    [quantize.linear.float8] table."""
     lines = ["# Resolved dtrain config: defaults, then the TOML file, then command-line overrides."]
-    for section, values in config_to_dict(cfg).items():
+    specs = list(config_fields().values())
+    for section in section_names():
+        values = {s.name: getattr(section_of(cfg, section), s.name) for s in specs if s.section == section}
         lines.append("")
         lines.append(f"[{section}]")
         tables = {key: value for key, value in values.items() if isinstance(value, dict)}

@@ -7,10 +7,12 @@ the world size (parallel degrees, divisibility by the data-parallel size) belong
 
 from __future__ import annotations
 
-from dtrain.config.fields import config_fields
+from dtrain.config.converters import check_converters
+from dtrain.config.fields import config_fields, section_of
 from dtrain.config.schema import JobConfig
 from dtrain.config.values import coerce_value, show_value
 from dtrain.errors import ConfigError
+from dtrain.low_bit_optim import low_bit_format
 
 # Pipeline schedules by the names torch.distributed.pipelining knows them; matched case-insensitively.
 PIPELINE_SCHEDULES = (
@@ -33,11 +35,12 @@ def validate_config(cfg: JobConfig) -> None:
     _check_activation_checkpoint_and_compile(cfg)
     _check_data_and_tokenizer(cfg)
     _check_profiling(cfg)
+    check_converters(cfg)
 
 
 def _check_fields(cfg: JobConfig) -> None:
     for spec in config_fields().values():
-        coerce_value(spec, getattr(getattr(cfg, spec.section), spec.name))
+        coerce_value(spec, getattr(section_of(cfg, spec.section), spec.name))
 
 
 def _check_training(cfg: JobConfig) -> None:
@@ -56,6 +59,11 @@ def _check_optimizer_and_schedule(cfg: JobConfig) -> None:
         value = getattr(cfg.optimizer, name)
         if value >= 1:
             raise ConfigError(f"optimizer.{name} must be in [0, 1); got {value}")
+    if low_bit_format(cfg.optimizer.name) is not None and cfg.optimizer.implementation != "auto":
+        raise ConfigError(
+            f"optimizer.implementation = {cfg.optimizer.implementation} applies to torch's AdamW and Adam only; "
+            f"torchao's {cfg.optimizer.name} compiles its own step: leave optimizer.implementation auto"
+        )
     ratio = cfg.lr_scheduler.decay_ratio
     if ratio is not None and ratio > 1:
         raise ConfigError(f"lr_scheduler.decay_ratio must be in [0, 1] (or unset); got {ratio:g}")

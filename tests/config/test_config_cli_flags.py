@@ -94,6 +94,15 @@ def test_optional_none_and_values(load):
             ["--lr_scheduler.decay_type", "exp"],
             "lr_scheduler.decay_type must be one of linear, sqrt, cosine; got 'exp'",
         ),
+        (
+            ["--optimizer.name", "AdamW9bit"],
+            "optimizer.name must be one of AdamW, Adam, AdamW8bit, AdamW4bit, AdamWFp8, Adam8bit, Adam4bit, AdamFp8; "
+            "got 'AdamW9bit'",
+        ),
+        (
+            ["--training.attention_mask", "document"],
+            "training.attention_mask must be one of causal, block_causal; got 'document'",
+        ),
         (["--training.steps", "0"], "training.steps must be >= 1; got 0"),
         (["--optimizer.lr=-0.1"], "optimizer.lr must be >= 0; got -0.1"),
         (["--training.steps"], "--training.steps expects a value (an integer)"),

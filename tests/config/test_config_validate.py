@@ -34,6 +34,8 @@ def test_defaults_are_valid():
         {"parallelism": {"pipeline_parallel_schedule": "zbvzerobubble"}},
         {"parallelism": {"enable_async_tensor_parallel": True}, "compile": {"enable": True}},
         {"training": {"dataset": "files", "dataset_path": "/data"}},
+        {"training": {"attention_mask": "block_causal"}},
+        {"optimizer": {"name": "Adam4bit"}},
     ],
 )
 def test_valid_combinations(sections):
@@ -55,6 +57,10 @@ def test_valid_combinations(sections):
         ({"parallelism": {"pipeline_parallel_schedule": "2F2B"}}, "pipeline_parallel_schedule must be one of GPipe"),
         ({"optimizer": {"beta1": 1.0}}, "optimizer.beta1 must be in [0, 1)"),
         ({"optimizer": {"beta2": 1.5}}, "optimizer.beta2 must be in [0, 1)"),
+        (
+            {"optimizer": {"name": "AdamW8bit", "implementation": "fused"}},
+            "optimizer.implementation = fused applies to torch's AdamW and Adam only; torchao's AdamW8bit compiles",
+        ),
         ({"training": {"seq_len": 1}}, "training.seq_len must be >= 2"),
         ({"parallelism": {"data_parallel_shard_degree": 0}}, "parallelism.data_parallel_shard_degree must be -1"),
         (

@@ -34,8 +34,8 @@ def reference_stream(docs, epochs=1):
     return torch.tensor(tokens)
 
 
-def loader(seq_len=7, lbs=2, rank=0, dp=1, docs=DOCS):
-    return DataLoader(ListSource(docs), ByteTokenizer(), seq_len, lbs, rank, dp)
+def loader(seq_len=7, lbs=2, rank=0, dp=1, docs=DOCS, document_masking=False):
+    return DataLoader(ListSource(docs), ByteTokenizer(), seq_len, lbs, rank, dp, document_masking=document_masking)
 
 
 def windows_of(batch):
@@ -188,6 +188,52 @@ def test_a_dataset_of_empty_documents_is_a_data_error_not_bos_eos_training(make_
     loader = build_dataloader(cfg.training, ByteTokenizer(), 0, 1, seed=cfg.debug.seed)
     with pytest.raises(DataError, match=f"training.dataset_path '{path}' holds no text \\(every document is empty\\)"):
         next(iter(loader))
+
+
+def test_document_ids_count_a_new_document_at_every_bos():
+    # Stream: BOS a b EOS | BOS EOS | BOS c d e EOS | BOS a b EOS ... (the second epoch), windows of 6 tokens:
+    # inputs [BOS a b EOS BOS], [BOS c d e EOS], [a b EOS BOS EOS].
+    data = loader(seq_len=5, lbs=1, docs=["ab", "", "cde"], document_masking=True)
+    rows = [next(data)["document_ids"].tolist() for _ in range(3)]
+    # Tokens before a window's first BOS finish a document begun in an earlier window: document 0.
+    assert rows == [[[1, 1, 1, 1, 2]], [[1, 1, 1, 1, 1]], [[0, 0, 0, 1, 1]]]
+
+
+def test_document_ids_follow_the_documents_of_the_stream():
+    data = loader(seq_len=7, lbs=2, document_masking=True)
+    stream = reference_stream(DOCS, epochs=2)
+    document_of_token = (stream == 256).cumsum(0)  # each token's document in the whole stream, from 1
+    for step in range(4):
+        batch = next(data)
+        assert batch["document_ids"].dtype == torch.long and batch["document_ids"].shape == (2, 7)
+        for row in range(2):
+            start = (2 * step + row) * 8
+            documents = document_of_token[start : start + 7]
+            first = documents[0] - (stream[start] == 256).long()  # the document begun before this window
+            assert torch.equal(batch["document_ids"][row], documents - first)
+
+
+def test_document_masking_leaves_the_tokens_and_the_state_unchanged():
+    plain, masked = loader(seq_len=6, lbs=2), loader(seq_len=6, lbs=2, document_masking=True)
+    for _ in range(3):
+        expected, got = next(plain), next(masked)
+        assert "document_ids" not in expected
+        assert all(torch.equal(got[key], expected[key]) for key in ("input_ids", "labels"))
+    assert masked.state_dict() == plain.state_dict()
+    expected = next(masked)
+    resumed = loader(seq_len=6, lbs=2, document_masking=True)
+    resumed.load_state_dict(plain.state_dict())
+    assert torch.equal(next(resumed)["document_ids"], expected["document_ids"])
+
+
+def test_build_dataloader_adds_document_ids_for_block_causal(make_config):
+    def first_batch(mask):
+        cfg = make_config(**{"training.seq_len": 32, "training.local_batch_size": 2, "training.attention_mask": mask})
+        return next(build_dataloader(cfg.training, ByteTokenizer(), 0, 1, seed=cfg.debug.seed))
+
+    assert set(first_batch("causal")) == {"input_ids", "labels"}
+    batch = first_batch("block_causal")
+    assert torch.equal(batch["document_ids"], (batch["input_ids"] == ByteTokenizer.bos_id).cumsum(1))
 
 
 def test_bad_rank_is_rejected():

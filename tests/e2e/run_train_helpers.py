@@ -11,6 +11,8 @@ REPO = Path(__file__).resolve().parents[2]
 # Small enough for a few seconds of training on 2 cores, large enough for the loss to fall visibly.
 TINY = ["--training.steps", "8", "--training.seq_len", "64", "--training.local_batch_size", "4",
         "--metrics.log_freq", "1"]
+# Runs compared at fp32 precision state it: the default compute dtype is bf16 on every layout.
+FP32 = ["--training.mixed_precision_param", "float32"]
 
 
 def user_env(**extra: str) -> dict[str, str]:

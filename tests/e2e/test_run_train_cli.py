@@ -3,7 +3,7 @@
 import time
 
 import pytest
-from run_train_helpers import TINY, read_metrics, run_train
+from run_train_helpers import FP32, TINY, read_metrics, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def test_debug_model_trains_writes_outputs_and_is_deterministic(tmp_path):
 
 
 def test_gradient_accumulation_matches_one_big_microbatch(tmp_path):
-    common = [*TINY, "--training.steps", "3", "--training.global_batch_size", "4"]
+    common = [*TINY, *FP32, "--training.steps", "3", "--training.global_batch_size", "4"]
     whole = run_train(*common, "--job.dump_folder", str(tmp_path / "whole"))
     split = run_train(*common, "--training.local_batch_size", "2", "--job.dump_folder", str(tmp_path / "split"))
     assert whole.returncode == 0 and split.returncode == 0, split.stderr[-2000:]

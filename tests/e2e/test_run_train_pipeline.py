@@ -7,7 +7,7 @@ losses must agree to 1e-5 relative at every step, and the log must show the spli
 """
 
 import pytest
-from run_train_helpers import TINY, read_metrics, run_train
+from run_train_helpers import FP32, TINY, read_metrics, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("pipeline_e2e")
     results = {}
     for name, args, env in [("single", [], {}), *((name, args, {"NPROC": "2"}) for name, args in PIPELINES.items())]:
-        result = run_train(*TINY, *args, "--job.dump_folder", str(folder / name), **env)
+        result = run_train(*TINY, *FP32, *args, "--job.dump_folder", str(folder / name), **env)
         assert result.returncode == 0, f"{name}: {result.stderr[-3000:]}"
         results[name] = (result, read_metrics(folder / name))
     return results

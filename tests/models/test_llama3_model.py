@@ -58,9 +58,9 @@ def test_inner_attention_is_a_swappable_seam_called_with_positions(tiny_args):
             super().__init__()
             self.inner = inner
 
-        def forward(self, q, k, v, positions):
+        def forward(self, q, k, v, positions, document_ids):
             seen.append((q.shape[2], k.shape[2], positions.tolist()))
-            return self.inner(q, k, v, positions)
+            return self.inner(q, k, v, positions, document_ids)
 
     for block in model.layers.values():
         block.attention.inner_attention = Recording(block.attention.inner_attention)

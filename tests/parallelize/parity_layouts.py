@@ -4,8 +4,10 @@ Every layout runs inside one spawned world (see dist_harness): build on meta, pa
 like a single device, then STEPS optimizer steps of the real `train_step`, on a `TrainState` built like the
 trainer's (one optimizer per model part, the trainer's step executor), on the same global batches. Rank 0
 returns, per layout, the losses and gradient norms next to the single-process ones, how far the initial weights
-are from the single-process init, and the per-rank memory footprint. The pipeline tests (test_pipeline_*.py)
-share the state, the steps, the baseline and the meshes from here.
+are from the single-process init, and the per-rank memory footprint. A layout with
+``options=dict(attention_mask="block_causal")`` trains with document masking (its batches carry document ids)
+against a single process that does too. The pipeline tests (test_pipeline_*.py) share the state, the steps, the
+baseline and the meshes from here.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch.distributed.tensor import DTensor
 
-from dtrain.config.schema import LRScheduler, Optimizer
+from dtrain.config.schema import JobConfig, LRScheduler, Optimizer, QuantizeLinearFloat8
+from dtrain.data.dataloader import document_ids
 from dtrain.distributed import dp_rank_and_size
+from dtrain.float8 import Float8Training, build_float8_training
 from dtrain.layout import ParallelLayout, RankCoordinates
 from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.models.llama3 import Llama3Args
@@ -35,6 +39,7 @@ from dtrain.parallelize import (
     stop_compile_trace,
 )
 from dtrain.parallelize.mesh import ParallelMesh
+from dtrain.parallelize.mixed_precision import autocast_forward
 from dtrain.parallelize.pipeline_plan import PipelinePlan
 from dtrain.parallelize.pipeline_split import StageModule
 from dtrain.state import TrainState
@@ -54,6 +59,17 @@ STEPS = 10
 GLOBAL_BATCH = 8
 SEQ_LEN = 16
 SEED = 1234
+# bf16 keeps 8 bits of mantissa (relative rounding 2^-9 = 2e-3 per operation). Over 10 steps of this tiny model
+# the layouts round differently from the one bf16 process (FSDP's policy computes norms in bf16, autocast in fp32;
+# sums in another order): measured up to 6.5e-4 in the loss (2026-11-23), so 2e-3 leaves a 3x margin. That the
+# layouts compute in bf16 at all is checked directly, by the dtype of their matmul outputs: the tiny model's bf16
+# and fp32 losses are only ~2e-4 apart, too close to tell the two apart by the loss alone.
+BF16_LOSS_RTOL = 2e-3
+# float8 rounding is a step function: an fp32-level difference in a float8 matmul's input (FSDP sums gradients in
+# another order than one process) can move one element to the neighbouring e4m3 value, 2^-3 = 12% away. The loss
+# still agrees to 1e-5, but a gradient norm can move by more than fp32 noise: measured 3.7e-4 at step 10 on torch
+# 2.11 (2.5e-7 on 2.13), so float8 layouts bound the gradient norms at 1e-3.
+FLOAT8_GRAD_NORM_RTOL = 1e-3
 
 
 @dataclass(frozen=True)
@@ -70,11 +86,24 @@ class Layout:
     microbatches: int = 1
     tie_word_embeddings: bool = False
     family: str = "llama3"
+    float8: dict | None = None  # [quantize.linear.float8] keys: train with float8 linears (emulated on CPU)
 
     @property
-    def reference(self) -> tuple[str, bool]:
-        """The single-process run this layout is compared with: same family, same tying."""
-        return (self.family, self.tie_word_embeddings)
+    def attention_mask(self) -> str:
+        return self.options.get("attention_mask", "causal")
+
+    @property
+    def param_dtype(self) -> str:
+        return self.options.get("param_dtype", "float32")
+
+    @property
+    def reference(self) -> tuple:
+        """The single-process run this layout is compared with: same family, same tying (and same attention mask,
+        float8 recipe and compute dtype, each named only when it is not the default)."""
+        masked = (self.attention_mask,) if self.attention_mask != "causal" else ()
+        float8 = (("float8", self.float8.get("recipe_name", "tensorwise")),) if self.float8 is not None else ()
+        dtype = (self.param_dtype,) if self.param_dtype != "float32" else ()
+        return (self.family, self.tie_word_embeddings, *masked, *float8, *dtype)
 
     @property
     def args(self):
@@ -95,6 +124,8 @@ class NoData:
 # a model learns their frequencies within a few steps whatever its initialisation, so "the loss falls" is a
 # real check, not the luck of one torch version's random init.
 TOKEN_IDS = torch.arange(0, ARGS.vocab_size, ARGS.vocab_size // 16)
+# Under document masking this one of them starts a document (as BOS does in packed data): about one per sequence.
+BOS_ID = int(TOKEN_IDS[0])
 
 
 def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,16 +136,32 @@ def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1], labels
 
 
-def microbatches(step: int, dp_rank: int, dp_size: int, count: int) -> list[dict[str, torch.Tensor]]:
-    """This dp rank's `count` microbatches of the global batch: microbatch m is row block m * dp_size + dp_rank."""
+def microbatches(
+    step: int, dp_rank: int, dp_size: int, count: int, attention_mask: str = "causal"
+) -> list[dict[str, torch.Tensor]]:
+    """This dp rank's `count` microbatches of the global batch: microbatch m is row block m * dp_size + dp_rank;
+    with their document ids (as the data loader makes them) under block_causal."""
     inputs, labels = global_batch(step)
+    batch = {"input_ids": inputs, "labels": labels}
+    if attention_mask == "block_causal":
+        batch["document_ids"] = document_ids(inputs, BOS_ID)
     size = GLOBAL_BATCH // (dp_size * count)
     blocks = [m * dp_size + dp_rank for m in range(count)]
-    return [{"input_ids": inputs[b * size : (b + 1) * size], "labels": labels[b * size : (b + 1) * size]} for b in blocks]
+    return [{key: value[b * size : (b + 1) * size] for key, value in batch.items()} for b in blocks]
 
 
 def plain(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def float8_training(float8: dict | None, dims: ParallelDims) -> Float8Training | None:
+    """The trainer's float8 setup for a layout's [quantize.linear.float8] keys (None: no float8)."""
+    if float8 is None:
+        return None
+    cfg = JobConfig()
+    cfg.model.converters = ["float8"]
+    cfg.quantize.linear.float8 = QuantizeLinearFloat8(**float8)
+    return build_float8_training(cfg, dims.fsdp_enabled, torch.device("cpu"))
 
 
 def new_state(
@@ -124,6 +171,7 @@ def new_state(
     plan: PipelinePlan | None = None,
     family: str = "llama3",
     options: ParallelizeOptions | None = None,
+    float8: Float8Training | None = None,
 ) -> TrainState:
     """The TrainState the trainer builds for this rank's `stages` in this layout: AdamW per part
     (build_optimizers), warmup schedule, the rank's coordinates and dp reductions, and the trainer's step executor
@@ -134,7 +182,10 @@ def new_state(
     parts = [stage.module for stage in stages]
     optimizer = build_optimizers(parts, Optimizer(lr=1e-2), torch.device("cpu"))
     scheduler = build_lr_scheduler(optimizer, STEPS, LRScheduler(warmup_steps=2))
-    executor = build_step_executor(get_family(family), layout, stages, cross_entropy_sum, torch.device("cpu"))
+    executor = build_step_executor(
+        get_family(family), layout, stages, cross_entropy_sum, torch.device("cpu"),
+        float8.optimizer_step_hook if float8 else None,
+    )
     return TrainState(
         parts, optimizer, scheduler, NoData(), executor, seed=SEED, max_norm=1.0,
         rank=rank,
@@ -146,13 +197,15 @@ def whole_model(model: torch.nn.Module) -> list[StageModule]:
     return [StageModule(0, model)]
 
 
-def run_steps(state: TrainState, steps: range, mesh: ParallelMesh | None, accumulation: int) -> dict:
+def run_steps(
+    state: TrainState, steps: range, mesh: ParallelMesh | None, accumulation: int, attention_mask: str = "causal"
+) -> dict:
     """The real train_step on the global batches of `steps`: losses, grad norms and LRs (floats), and this
     rank's memory footprint after the first of them."""
     dp_rank, dp_size = dp_rank_and_size(mesh)
     losses, norms, rates, memory = [], [], [], None
     for step in steps:
-        metrics = train_step(state, microbatches(step, dp_rank, dp_size, accumulation))
+        metrics = train_step(state, microbatches(step, dp_rank, dp_size, accumulation, attention_mask))
         losses.append(plain(metrics["loss"]).item())
         norms.append(plain(metrics["grad_norm"]).item())
         rates.append(float(metrics["lr"]))
@@ -163,18 +216,28 @@ def run_steps(state: TrainState, steps: range, mesh: ParallelMesh | None, accumu
     return {"losses": losses, "grad_norms": norms, "lrs": rates, "memory": memory}
 
 
-def single_process_run(args, family: str = "llama3") -> tuple[dict, dict[str, torch.Tensor]]:
-    """The baseline: the plain single-device recipe (meta, to_empty, seed, init_weights), no parallelize code.
+def single_process_run(
+    args, family: str = "llama3", attention_mask: str = "causal", float8: dict | None = None,
+    param_dtype: str = "float32",
+) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The baseline: the plain single-device recipe (meta, to_empty, seed, init_weights), no parallelize code
+    (float8 linears too when `float8` holds [quantize.linear.float8] keys; the forward under autocast to
+    `param_dtype`, as one process computes in a run's dtype).
 
     Returns its run (each global batch as 2 accumulated microbatches) and its initial weights.
     """
+    float8_setup = float8_training(float8, ParallelDims(1))
     with torch.device("meta"):
         model = get_family(family).model.model_cls(args)
+    if float8_setup is not None:
+        float8_setup.convert(model)
     model.to_empty(device="cpu")
     torch.manual_seed(SEED)
     model.init_weights()
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-    return run_steps(new_state(whole_model(model), family=family), range(STEPS), None, accumulation=2), initial
+    autocast_forward(model, "cpu", getattr(torch, param_dtype))
+    state = new_state(whole_model(model), family=family, float8=float8_setup)
+    return run_steps(state, range(STEPS), None, accumulation=2, attention_mask=attention_mask), initial
 
 
 def mesh_for(dims: ParallelDims, meshes: dict) -> ParallelMesh:
@@ -186,12 +249,20 @@ def mesh_for(dims: ParallelDims, meshes: dict) -> ParallelMesh:
 
 
 def build_parallel_model(
-    args, dims: ParallelDims, mesh: ParallelMesh, options: ParallelizeOptions | None = None, family: str = "llama3"
+    args,
+    dims: ParallelDims,
+    mesh: ParallelMesh,
+    options: ParallelizeOptions | None = None,
+    family: str = "llama3",
+    float8: Float8Training | None = None,
 ) -> torch.nn.Module:
-    """A whole model as the trainer builds it: on meta, parallelized, materialized, with the single-device init."""
+    """A whole model as the trainer builds it: on meta, (float8-converted,) parallelized, materialized, with the
+    single-device init."""
     spec = get_family(family)
     with torch.device("meta"):
         model = spec.model.model_cls(args)
+    if float8 is not None:
+        float8.convert(model)
     reference = copy.deepcopy(model)
     spec.parallelize(model, mesh, dims, options or ParallelizeOptions())
     model.to_empty(device="cpu")
@@ -210,20 +281,34 @@ def run_layout(layout: Layout, world_size: int, meshes: dict) -> tuple[dict, dic
     dims = ParallelDims(world_size, **layout.degrees)
     mesh = mesh_for(dims, meshes)
     options = ParallelizeOptions(**layout.options)
-    model = build_parallel_model(layout.args, dims, mesh, options, layout.family)
+    float8 = float8_training(layout.float8, dims)
+    model = build_parallel_model(layout.args, dims, mesh, options, layout.family, float8)
     initial = {name: plain(p.detach()).clone() for name, p in model.named_parameters()}
     placements = {
         model_fqn(name): str(getattr(p, "placements", "plain"))
         for name, p in model.named_parameters()
         if model_fqn(name) in WATCHED_PARAMS
     }
-    state = new_state(whole_model(model), dims, mesh, family=layout.family, options=options)
-    result = run_steps(state, range(STEPS), mesh, layout.microbatches)
+    state = new_state(whole_model(model), dims, mesh, family=layout.family, options=options, float8=float8)
+    seen_dtypes: set[str] = set()
+    # A Python side effect in a hook would break a compiled block's graph: watch uncompiled layouts only.
+    watch = None if options.compile_model else first_query_projection(model).register_forward_hook(
+        lambda module, args, output: seen_dtypes.add(str(output.dtype))
+    )
+    result = run_steps(state, range(STEPS), mesh, layout.microbatches, layout.attention_mask)
+    if watch is not None:
+        watch.remove()
+        result["matmul_dtypes"] = seen_dtypes
     return result, initial, placements
 
 
+def first_query_projection(model: torch.nn.Module) -> torch.nn.Module:
+    """The first block's query projection: its output dtype is the dtype the layout's matmuls compute in."""
+    return next(module for name, module in model.named_modules() if model_fqn(name) == "layers.0.attention.wq")
+
+
 def run_layouts(rank: int, world_size: int, layouts: list[Layout]) -> dict:
-    """Rank 0's report: {"reference": {(family, tie): run}, layout name: run + init_max_diff, param_names,
+    """Rank 0's report: {"reference": {Layout.reference: run}, layout name: run + init_max_diff, param_names,
     placements}.
 
     Compiled layouts start from a clean dynamo state and also report what compiling did.
@@ -232,7 +317,12 @@ def run_layouts(rank: int, world_size: int, layouts: list[Layout]) -> dict:
     # the same few cores).
     wanted = {layout.reference: layout for layout in layouts}
     references = (
-        {key: single_process_run(layout.args, layout.family) for key, layout in wanted.items()} if rank == 0 else {}
+        {
+            key: single_process_run(layout.args, layout.family, layout.attention_mask, layout.float8, layout.param_dtype)
+            for key, layout in wanted.items()
+        }
+        if rank == 0
+        else {}
     )
     report = {"reference": {key: {**run, "param_names": sorted(init)} for key, (run, init) in references.items()}}
     meshes: dict = {}
@@ -264,12 +354,14 @@ def max_relative_diff(values: list[float], expected: list[float]) -> float:
 
 
 def assert_matches_single_process(report: dict, layout: Layout, loss_rtol: float = 1e-5) -> None:
-    """Same initial weights (exactly), same losses and gradient norms over STEPS steps, same parameter names."""
+    """Same initial weights (exactly), same losses and gradient norms over STEPS steps (float8: see
+    FLOAT8_GRAD_NORM_RTOL), same parameter names."""
     result, reference = report[layout.name], report["reference"][layout.reference]
     assert result["init_max_diff"] == 0.0
     assert len(result["losses"]) == STEPS
     assert max_relative_diff(result["losses"], reference["losses"]) <= loss_rtol
-    assert max_relative_diff(result["grad_norms"], reference["grad_norms"]) <= 10 * loss_rtol
+    grad_norm_rtol = FLOAT8_GRAD_NORM_RTOL if layout.float8 is not None else 10 * loss_rtol
+    assert max_relative_diff(result["grad_norms"], reference["grad_norms"]) <= grad_norm_rtol
     assert result["losses"][-1] < result["losses"][0]
     assert result["param_names"] == reference["param_names"]
 

@@ -1,5 +1,5 @@
 """CUDA-only paths (skipped without a GPU): async TP switches inductor's micro-pipelining on, sharded init runs,
-context parallel's attention takes its off-CPU (masked) path and is causal attention."""
+context parallel's CUDA attention (torch's ring, and the masked all-gather) is causal attention."""
 
 import os
 
@@ -41,24 +41,68 @@ def test_sharded_init_of_a_plain_model_is_the_seeded_init():
         assert torch.equal(got, want), name
 
 
-def test_context_parallel_attention_on_cuda_is_causal_attention(tmp_path):
-    """On one rank the all-gather is the identity, so the off-CPU path must give plain causal attention."""
+@pytest.fixture
+def one_rank_cp_mesh(tmp_path):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-
-    from dtrain.models.attention import CausalSDPA
-    from dtrain.parallelize.context_parallel import AllGatherKVAttention
 
     store = dist.FileStore(os.path.join(tmp_path, "store"), 1)
     dist.init_process_group("nccl", store=store, rank=0, world_size=1)
     try:
-        attention = AllGatherKVAttention(init_device_mesh("cuda", (1,), mesh_dim_names=("cp",)), "none")
-        q = torch.randn(2, 16, 4, 8, device="cuda", requires_grad=True)
-        k, v = torch.randn(2, 16, 2, 8, device="cuda"), torch.randn(2, 16, 2, 8, device="cuda")
-        positions = torch.arange(16, device="cuda")
-        out = attention(q, k, v, positions)
-        torch.testing.assert_close(out, CausalSDPA()(q, k, v, positions), rtol=1e-4, atol=1e-5)
-        out.sum().backward()
-        assert q.grad is not None and torch.isfinite(q.grad).all()
+        yield init_device_mesh("cuda", (1,), mesh_dim_names=("cp",))
     finally:
         dist.destroy_process_group()
+
+
+def _attention_and_grads(attention, q, k, v, document_ids=None):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = attention(q, k, v, torch.arange(q.shape[1], device=q.device), document_ids)
+    out.backward(torch.ones_like(out))
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("path", ["ring", "masked"])
+def test_context_parallel_attention_on_one_cuda_rank_is_causal_attention(one_rank_cp_mesh, path, dtype, tolerance):
+    """On one rank the ring and the gather are the identity, so both CUDA paths (torch's ring over the SDPA
+    kernels, and the masked all-gather) must give plain causal attention and its gradients (bf16: its rounding)."""
+    from dtrain.models.attention import CausalSDPA
+    from dtrain.parallelize.context_parallel import cp_attention
+
+    attention = cp_attention(one_rank_cp_mesh, "headtail", "allgather", path)
+    q = torch.randn(2, 16, 4, 64, device="cuda", dtype=dtype)
+    k, v = torch.randn(2, 16, 2, 64, device="cuda", dtype=dtype), torch.randn(2, 16, 2, 64, device="cuda", dtype=dtype)
+    for got, want in zip(_attention_and_grads(attention, q, k, v), _attention_and_grads(CausalSDPA(), q, k, v)):
+        torch.testing.assert_close(got.float(), want.float(), rtol=tolerance, atol=tolerance)
+
+
+def _ring_rank(rank, world_size, load_balancer, rotate_method):
+    """One rank of a 2-rank world on one GPU (gloo carries CUDA tensors): its chunks through torch's ring."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dtrain.models.attention import CausalSDPA
+    from dtrain.parallelize.context_parallel import chunk_positions, cp_attention
+
+    torch.manual_seed(0)
+    seq = 64
+    q = torch.randn(2, seq, 4, 64, device="cuda")
+    k, v = torch.randn(2, seq, 2, 64, device="cuda"), torch.randn(2, seq, 2, 64, device="cuda")
+    whole = _attention_and_grads(CausalSDPA(), q, k, v)
+    mesh = init_device_mesh("cuda", (world_size,), mesh_dim_names=("cp",))
+    rows = chunk_positions(seq, rank, world_size, load_balancer, "cuda")
+    ring = cp_attention(mesh, load_balancer, rotate_method, "ring")
+    local = _attention_and_grads(ring, q[:, rows], k[:, rows], v[:, rows])
+    return [float((got - want[:, rows]).abs().max()) for got, want in zip(local, whole)]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    "load_balancer, rotate_method", [("headtail", "allgather"), ("headtail", "alltoall"), ("none", "allgather")]
+)
+def test_torchs_ring_attention_over_two_ranks_is_causal_attention(load_balancer, rotate_method):
+    """Each rank's chunks (head-tail or plain) through torch's ring: outputs and q/k/v gradients are those rows
+    of one causal attention over the whole sequence (fp32; efficient-attention kernel rounding)."""
+    from dist_harness import run_world
+
+    errors = run_world(2, _ring_rank, load_balancer, rotate_method)
+    assert max(errors) < 1e-4, errors

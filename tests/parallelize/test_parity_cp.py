@@ -1,6 +1,6 @@
 """Context parallel on 2 ranks: every sequence split over the ranks (head-tail or plain chunks), alone, with
-FSDP's sharding over dp_shard × cp, with activation checkpointing and with compile; Llama 3 and Qwen3. Each layout
-reproduces the single-process run (fp32, 1e-5)."""
+FSDP's sharding over dp_shard × cp, with activation checkpointing, with compile and with document masking (the
+masked path); Llama 3 and Qwen3. Each layout reproduces the single-process run (fp32, 1e-5)."""
 
 import pytest
 
@@ -15,6 +15,9 @@ LAYOUTS = [
     Layout("cp_compile", CP, dict(compile_model=True, compile_backend="aot_eager")),
     Layout("qwen3_cp", CP, family="qwen3"),
     Layout("qwen3_cp_tied", CP, tie_word_embeddings=True, family="qwen3"),
+    Layout("cp_block_causal", CP, dict(attention_mask="block_causal"), microbatches=2),
+    Layout("cp_no_load_balancer_block_causal", CP, dict(cp_load_balancer="none", attention_mask="block_causal")),
+    Layout("qwen3_cp_block_causal", CP, dict(attention_mask="block_causal"), family="qwen3"),
 ]
 
 pytestmark = pytest.mark.multiprocess

@@ -1,5 +1,5 @@
 """FSDP2 x TP+SP (2 x 2) on 4 ranks with each activation-checkpointing mode, and context parallel with FSDP2 or
-TP+SP (2 x 2), for Llama 3 and Qwen3: parity with one process."""
+TP+SP (2 x 2) (also under document masking), for Llama 3 and Qwen3: parity with one process."""
 
 import pytest
 
@@ -15,6 +15,7 @@ LAYOUTS = [
     Layout("cp_tp", dict(cp=2, dp_shard=1, tp=2)),
     Layout("qwen3_cp_fsdp", dict(cp=2, dp_shard=2), family="qwen3"),
     Layout("qwen3_cp_tp", dict(cp=2, dp_shard=1, tp=2), family="qwen3"),
+    Layout("cp_tp_block_causal", dict(cp=2, dp_shard=1, tp=2), dict(attention_mask="block_causal")),
 ]
 
 pytestmark = pytest.mark.multiprocess

@@ -1,5 +1,5 @@
-"""The Qwen3 family on 2 ranks (FSDP2, DDP, TP, TP+SP with AC, tied embeddings and compile): parity with one
-Qwen3 process, in one world. QK-norm under TP runs on this rank's heads (its weight's gradient a partial sum),
+"""The Qwen3 family on 2 ranks (FSDP2, DDP, TP, TP+SP with AC, tied embeddings, compile and document masking):
+parity with one Qwen3 process, in one world. QK-norm under TP runs on this rank's heads (its weight's gradient a partial sum),
 and head_dim is not dim / n_heads, which the Llama layouts never exercise. Qwen3's HSDP, FSDP x TP and pipeline
 layouts run in the 4-rank and pipeline worlds beside Llama's."""
 
@@ -16,6 +16,7 @@ LAYOUTS = [
     Layout("qwen3_tp_sp_ac_selective_op", TP_SP, dict(ac_mode="selective", selective_ac_option="op"), **QWEN3),
     Layout("qwen3_tp_sp_tied_embeddings", TP_SP, tie_word_embeddings=True, **QWEN3),
     Layout("qwen3_tp_sp_compile", TP_SP, dict(compile_model=True, compile_backend="aot_eager"), **QWEN3),
+    Layout("qwen3_tp_sp_block_causal", TP_SP, dict(attention_mask="block_causal"), **QWEN3),
 ]
 
 pytestmark = pytest.mark.multiprocess

@@ -1,5 +1,5 @@
-"""Tensor + sequence parallel on 2 ranks, with each activation-checkpointing mode, gradient accumulation and
-tied embeddings: parity with one process."""
+"""Tensor + sequence parallel on 2 ranks, with each activation-checkpointing mode, gradient accumulation, tied
+embeddings and document masking: parity with one process."""
 
 import pytest
 
@@ -11,6 +11,7 @@ LAYOUTS = [
     Layout("tp_sp_ac_full", TP_SP, dict(ac_mode="full")),
     Layout("tp_sp_ac_selective_op", TP_SP, dict(ac_mode="selective", selective_ac_option="op")),
     Layout("tp_sp_tied_embeddings", TP_SP, tie_word_embeddings=True),
+    Layout("tp_sp_block_causal", TP_SP, dict(attention_mask="block_causal")),
 ]
 
 pytestmark = pytest.mark.multiprocess

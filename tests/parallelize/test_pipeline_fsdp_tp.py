@@ -1,5 +1,5 @@
 """Pipeline × FSDP2 (pp=2 × dp=2), pipeline × TP (pp=2 × tp=2) and pipeline × context parallel (pp=2 × cp=2) on
-4 ranks: parity with one process.
+4 ranks: parity with one process (pipeline × cp also under document masking).
 
 Includes the regression guard for the torch 2.13 trap: split-backward schedules (here ZBVZeroBubble) with FSDP2
 resharding parameters after forward give silently wrong gradients. `build_pipeline` prevents it; the same
@@ -25,6 +25,7 @@ LAYOUTS = [
     PipelineLayout("cp_1f1b", "1F1B", cp=2, microbatch_size=2),
     PipelineLayout("cp_zbv_zero_bubble", "ZBVZeroBubble", cp=2, microbatch_size=1),
     PipelineLayout("qwen3_cp_interleaved_1f1b", "Interleaved1F1B", cp=2, microbatch_size=2, family="qwen3"),
+    PipelineLayout("cp_1f1b_block_causal", "1F1B", cp=2, microbatch_size=2, attention_mask="block_causal"),
 ]
 
 

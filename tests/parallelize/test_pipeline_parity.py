@@ -1,4 +1,5 @@
-"""Pipeline parallel parity: every schedule trains like one process (2 ranks, pp=2, one world for all).
+"""Pipeline parallel parity: every schedule trains like one process (2 ranks, pp=2, one world for all), and two
+with document masking, whose document ids every stage needs.
 
 Each layout is built as the trainer builds it: plan, cut the meta model into this rank's stages, parallelize each
 stage on the (pp, dp_replicate, dp_shard, tp) mesh, materialize, initialise like one device, and put the stages
@@ -32,6 +33,7 @@ from dtrain.parallelize.pipeline_plan import plan_pipeline
 from dtrain.parallelize.pipeline_split import split_model
 from dtrain.state import TrainState
 from parity_layouts import (
+    BF16_LOSS_RTOL,
     FAMILY_ARGS,
     GLOBAL_BATCH,
     SEED,
@@ -67,6 +69,22 @@ class PipelineLayout:
     resharding_guard: bool = True
     steps: int = STEPS
     family: str = "llama3"
+    attention_mask: str = "causal"
+    param_dtype: str = "float32"
+
+    @property
+    def reference(self) -> str | tuple[str, ...]:
+        """The single-process run this layout is compared with: the family's (with its mask and compute dtype
+        where they are not the defaults)."""
+        extras = tuple(
+            value for value, default in ((self.attention_mask, "causal"), (self.param_dtype, "float32"))
+            if value != default
+        )
+        return (self.family, *extras) if extras else self.family
+
+    @property
+    def loss_rtol(self) -> float:
+        return LOSS_RTOL if self.param_dtype == "float32" else BF16_LOSS_RTOL
 
 
 SCHEDULES_2_RANKS = [
@@ -81,6 +99,13 @@ SCHEDULES_2_RANKS = [
     PipelineLayout("dualpipev", "DualPipeV", microbatch_size=1),
     PipelineLayout("qwen3_1f1b", "1F1B", family="qwen3"),
     PipelineLayout("qwen3_zbv_zero_bubble", "ZBVZeroBubble", family="qwen3"),
+    # Document ids reach every stage as a keyword argument of the schedule: one stage per rank, and two (V-shaped,
+    # with the weight-gradient pass split off).
+    PipelineLayout("1f1b_block_causal", "1F1B", attention_mask="block_causal"),
+    PipelineLayout("zbv_zero_bubble_block_causal", "ZBVZeroBubble", attention_mask="block_causal"),
+    # Each stage's forward under autocast, backward (run by the schedule) outside it.
+    PipelineLayout("1f1b_bf16", "1F1B", param_dtype="bfloat16"),
+    PipelineLayout("zbv_zero_bubble_bf16", "ZBVZeroBubble", param_dtype="bfloat16"),
 ]
 
 
@@ -112,13 +137,14 @@ def pipelined_state(layout: PipelineLayout, world_size: int, meshes: dict) -> tu
     with torch.device("meta"):
         model = spec.model.model_cls(args)
     stages = split_model(model, plan, mesh["pp"].get_local_rank())
+    options = ParallelizeOptions(attention_mask=layout.attention_mask, param_dtype=layout.param_dtype)
     for stage in stages:
-        spec.parallelize(stage.module, mesh, dims, ParallelizeOptions())
+        spec.parallelize(stage.module, mesh, dims, options)
         stage.module.to_empty(device="cpu")
         init_weights_like_single_device(stage.module, model, SEED)
     guard = contextlib.nullcontext() if layout.resharding_guard else without_resharding_guard()
     with guard:
-        state = new_state(stages, dims, mesh, plan, layout.family)
+        state = new_state(stages, dims, mesh, plan, layout.family, options)
     return state, mesh
 
 
@@ -128,23 +154,30 @@ def run_pipeline_layout(layout: PipelineLayout, world_size: int, meshes: dict) -
     local_initial = {model_fqn(n): plain(p.detach()).clone() for part in state.model_parts for n, p in part.named_parameters()}
     initial_per_rank = [None] * world_size
     torch.distributed.all_gather_object(initial_per_rank, local_initial)
-    result = run_steps(state, range(layout.steps), mesh, layout.accumulation)
+    result = run_steps(state, range(layout.steps), mesh, layout.accumulation, layout.attention_mask)
     initial = {name: tensor for rank_initial in initial_per_rank for name, tensor in rank_initial.items()}
     return {**result, "plan": state.executor.pipeline.plan, "initial": initial}
 
 
-def reference_run(family: str = "llama3") -> dict:
+def reference_run(family: str = "llama3", attention_mask: str = "causal", param_dtype: str = "float32") -> dict:
     """The single-process run of the family's 4-layer model, with its initial weights."""
-    run, initial = single_process_run(PIPELINE_ARGS[family], family)
+    run, initial = single_process_run(PIPELINE_ARGS[family], family, attention_mask, param_dtype=param_dtype)
     return {**run, "initial": initial}
 
 
 def run_layouts(rank: int, world_size: int, layouts: list[PipelineLayout]) -> dict:
-    """Rank 0's report: the reference run of each family and, per layout, every pp rank's losses (they must
-    agree)."""
+    """Rank 0's report: the reference run of each family (and attention mask) and, per layout, every pp rank's
+    losses (they must agree)."""
     # Only rank 0 reports; the other ranks would only compete with it for the cores.
-    families = {layout.family for layout in layouts}
-    report = {"reference": {family: reference_run(family) for family in families} if rank == 0 else None}
+    wanted = {layout.reference: layout for layout in layouts}
+    report = {
+        "reference": {
+            key: reference_run(layout.family, layout.attention_mask, layout.param_dtype)
+            for key, layout in wanted.items()
+        }
+        if rank == 0
+        else None
+    }
     meshes: dict = {}
     for layout in layouts:
         start = time.perf_counter()
@@ -164,12 +197,12 @@ def report_2_ranks():
 
 def assert_matches_single_process(report: dict, layout: PipelineLayout) -> None:
     name = layout.name
-    result, reference = report[name], report["reference"][layout.family]
+    result, reference = report[name], report["reference"][layout.reference]
     assert sorted(result["initial"]) == sorted(reference["initial"])  # stages keep the full-model names
     assert max((result["initial"][k] - v).abs().max().item() for k, v in reference["initial"].items()) == 0.0
     assert len(result["losses"]) == STEPS
-    assert max_relative_diff(result["losses"], reference["losses"]) <= LOSS_RTOL, name
-    assert max_relative_diff(result["grad_norms"], reference["grad_norms"]) <= 10 * LOSS_RTOL, name
+    assert max_relative_diff(result["losses"], reference["losses"]) <= layout.loss_rtol, name
+    assert max_relative_diff(result["grad_norms"], reference["grad_norms"]) <= 10 * layout.loss_rtol, name
     assert result["lrs"] == reference["lrs"]
     assert result["losses"][-1] < result["losses"][0]
     # The loss is computed on the last stage's rank; every rank logs the same value.

@@ -45,6 +45,12 @@ def meta_model(args=ARGS):
         (dict(ac_mode="selective", selective_ac_option="x"), "activation_checkpoint.selective_ac_option='x'"),
         (dict(ac_mode="selective", selective_ac_option="0"), "activation_checkpoint.selective_ac_option='0'"),
         (dict(cpu_offload=True), "training.enable_cpu_offload"),
+        (dict(ac_mode="memory_budget", memory_budget=1.5, compile_model=True), "activation_checkpoint.memory_budget=1.5"),
+        (dict(ac_mode="memory_budget"), "activation_checkpoint.mode='memory_budget' is applied by torch.compile"),
+        (
+            dict(ac_mode="memory_budget", compile_model=True, compile_backend="aot_eager"),
+            "activation_checkpoint.mode='memory_budget' is ignored by compile.backend='aot_eager'",
+        ),
     ],
 )
 def test_invalid_options_name_their_key(options, key):
@@ -83,7 +89,7 @@ def test_tp_plan_is_printable_data():
     assert lines["layers.*.attention.wq"].startswith("ColwiseParallel(")
     assert lines["layers.*.attention.wo"].startswith("RowwiseParallel(in=S(-1), out=S(1)")
     assert lines["layers.*.attention"] == (
-        "PrepareModuleInput(in=(S(1), None, None), desired_in=(R, None, None), local_output=False)"
+        "PrepareModuleInput(in=(S(1), None, None, None), desired_in=(R, None, None, None), local_output=False)"
     )
     assert lines["output"] == "ColwiseParallel(in=S(1), desired_in=R, out=S(-1), local_output=False)"
 
@@ -146,6 +152,45 @@ def test_what_each_ac_mode_recomputes_in_backward():
     assert by_op[aten.silu.default] == ARGS.n_layers  # but recomputes the cheap elementwise ops
     every_2nd = backward_op_counts("selective", "2")
     assert every_2nd[sdpa] == ARGS.n_layers // 2
+
+
+def saved_activation_bytes_and_grads(budget):
+    """Bytes the compiled blocks keep for backward under a memory budget, and the gradients they give."""
+    import torch._dynamo
+
+    torch._dynamo.reset()  # the budget is read when a block compiles
+    torch.manual_seed(0)
+    model = Transformer(ARGS)
+    options = ParallelizeOptions(
+        ac_mode="memory_budget", memory_budget=budget, compile_model=True, compile_backend="aot_eager_decomp_partition"
+    )
+    parallelize_llama(model, None, ParallelDims(1), options)
+    saved = []
+
+    def keep(tensor):
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    tokens = torch.randint(0, ARGS.vocab_size, (2, 8), generator=torch.Generator().manual_seed(1))
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        loss = model(tokens).float().pow(2).mean()
+    loss.backward()
+    return sum(saved), [p.grad for p in model.parameters()]
+
+
+def test_memory_budget_trades_kept_activations_for_recomputation_exactly():
+    """A lower budget keeps fewer bytes for backward (the partitioner recomputes instead), with the same
+    gradients: recomputation is exact."""
+    import torch._functorch.config as functorch_config
+
+    try:
+        (low, low_grads), (high, high_grads) = (saved_activation_bytes_and_grads(b) for b in (0.0, 1.0))
+    finally:
+        functorch_config.activation_memory_budget = 1.0
+        torch._dynamo.reset()
+    assert low < 0.8 * high, (low, high)
+    for got, want in zip(low_grads, high_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_every_nth_block_is_wrapped_counting_from_one():

@@ -55,14 +55,18 @@ def batch():
     return [torch.randint(0, ARGS.vocab_size, (BATCH, SEQ), generator=generator) for _ in range(2)]
 
 
-def peak(model, optimizer, with_step: bool) -> dict:
+# Document masking's document ids: four documents per sequence.
+DOCUMENT_IDS = torch.arange(SEQ).div(SEQ // 4, rounding_mode="floor").expand(BATCH, SEQ)
+
+
+def peak(model, optimizer, with_step: bool, document_ids: torch.Tensor | None = None) -> dict:
     """The live tensor bytes at the peak of a training step (forward and backward, and the optimizer step when
     `with_step`) by MemTracker's kind (param, grad, act, temp, opt, ... and total), after a first step that
     creates the optimizer state."""
     tokens, labels = batch()
 
     def step(with_step: bool) -> None:
-        cross_entropy_sum(model(tokens), labels).backward()
+        cross_entropy_sum(model(tokens, document_ids=document_ids), labels).backward()
         if with_step:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -104,6 +108,33 @@ def test_activations_match_the_measured_backward_peak(family, args, dtype):
     activations = measured["act"] + measured["temp"]
     estimated = activation_bytes(meta_parts(SINGLE, family, args), args, layout, BATCH, SEQ)
     assert estimated == pytest.approx(activations, rel=0.03), (estimated / MIB, activations / MIB)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_document_masking_adds_the_measured_mask_per_layer(dtype):
+    # The mask is a few percent of the activations here, within the tolerance above: compare what it adds.
+    options = dict(param_dtype="bfloat16") if dtype == torch.bfloat16 else {}
+    dims = ParallelDims(2, dp_shard=2) if dtype == torch.bfloat16 else ParallelDims(1)
+    estimated, measured = [], []
+    for mask, document_ids in (("causal", None), ("block_causal", DOCUMENT_IDS)):
+        layout = ParallelLayout(dims, ParallelizeOptions(attention_mask=mask, **options))
+        estimated.append(activation_bytes(meta_parts(SINGLE), ARGS, layout, BATCH, SEQ))
+        kinds = peak(*real_model(dtype=dtype), with_step=False, document_ids=document_ids)
+        measured.append(kinds["act"] + kinds["temp"])
+    mask_bytes = ARGS.n_layers * BATCH * SEQ * SEQ * dtype.itemsize
+    assert estimated[1] - estimated[0] == mask_bytes
+    assert measured[1] - measured[0] == pytest.approx(mask_bytes, rel=0.05), (measured[1] - measured[0]) / MIB
+
+
+def test_a_memory_budget_is_counted_between_full_ac_and_none():
+    """Budget 1 keeps what compile keeps without AC; less keeps less, down to full AC's inputs at 0."""
+    def estimate(**options):
+        layout = ParallelLayout(ParallelDims(1), ParallelizeOptions(**options))
+        return activation_bytes(meta_parts(SINGLE), ARGS, layout, BATCH, SEQ)
+
+    budget = [estimate(ac_mode="memory_budget", memory_budget=m) for m in (0.0, 0.5, 1.0)]
+    assert budget[0] < budget[1] < budget[2] == estimate(ac_mode="none")
+    assert budget[0] <= estimate(ac_mode="full")
 
 
 @pytest.mark.parametrize("ac_mode, selective", [("none", "2"), ("full", "2"), ("selective", "2"), ("selective", "op")])

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One command that verifies and measures every CUDA path of dtrain on the GPU machine it runs on:
+#   1. the CUDA-marked tests (pytest -m cuda: async TP, sharded init, context parallel's ring and masked attention);
+#   2. a 1B-class Llama 3 (the 1B flavor with its 128k vocabulary) and Qwen3 1.7B on one GPU, side by side: eager,
+#      compile, compile + float8 tensorwise and rowwise, in bf16 with fused AdamW (optimizer.implementation auto):
+#      tokens/s, MFU in dtrain's convention and torchtitan's, peak memory (scripts/bench_layouts.py);
+#   3. one run that writes a CUDA memory snapshot and saves an async checkpoint from pinned memory, then checks
+#      that both exist.
+# It prints one table per model and writes everything to GPU_CHECK_OUT (default gpu_check_<date>.md); record the
+# table in docs/benchmarks.md with the exact command.
+#
+#   scripts/gpu_check.sh                 # on a GPU machine
+#   DRY_RUN=1 scripts/gpu_check.sh       # anywhere: the same steps on the CPU with the debug model, a few steps
+#
+# Without CUDA it always runs dry: the tests skip, float8 is emulated, and the figures mean nothing; the dry run
+# only shows that the script and every variant work.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python}
+OUT=${GPU_CHECK_OUT:-gpu_check_$(date +%Y%m%d_%H%M%S).md}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+if [[ "${DRY_RUN:-0}" != 1 ]] && ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    echo "gpu_check: no CUDA device here; running dry (CPU, debug model)" >&2
+    DRY_RUN=1
+fi
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    STEPS=4; WARMUP=1
+    MODELS=("llama3 debugmodel")
+    SHAPE=(--model.tokenizer byte --training.seq_len 64 --training.mixed_precision_param float32)
+    BATCH=2
+    CUDA_ONLY=(--checkpoint.async_mode async)  # pinned staging and memory snapshots are refused without CUDA
+else
+    STEPS=30; WARMUP=10
+    MODELS=("llama3 1B" "qwen3 1.7B")
+    SHAPE=(--model.tokenizer byte --model.args.vocab_size 128256 --training.seq_len 2048)
+    BATCH=4
+    CUDA_ONLY=(--checkpoint.async_mode async_with_pinned_mem --profiling.enable_memory_snapshot)
+fi
+
+{
+    echo "# gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo
+    "$PYTHON" -c 'import torch; d = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"; print(f"torch {torch.__version__}, {d}")'
+    echo "command: DRY_RUN=${DRY_RUN:-0} scripts/gpu_check.sh"
+} | tee "$OUT"
+
+echo -e "\n## CUDA-marked tests\n" | tee -a "$OUT"
+"$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests 2>&1 | tail -n 5 | tee -a "$OUT"
+
+VARIANTS=eager,compile,compile_float8_tensorwise,compile_float8_rowwise
+for model in "${MODELS[@]}"; do
+    read -r name flavor <<<"$model"
+    echo -e "\n## $name $flavor: one GPU, global batch $BATCH\n" | tee -a "$OUT"
+    "$PYTHON" scripts/bench_layouts.py --variants "$VARIANTS" --steps "$STEPS" --warmup "$WARMUP" --batch "$BATCH" \
+        --output "$WORK/table.md" -- --model.name "$name" --model.flavor "$flavor" "${SHAPE[@]}" >/dev/null
+    tee -a "$OUT" < "$WORK/table.md"
+done
+
+echo -e "\n## memory snapshot and async checkpoint (pinned memory)\n" | tee -a "$OUT"
+read -r name flavor <<<"${MODELS[0]}"
+NPROC=1 ./run_train.sh --training.dataset synthetic --training.steps 4 --job.dump_folder "$WORK/snapshot_run" \
+    --model.name "$name" --model.flavor "$flavor" "${SHAPE[@]}" --training.local_batch_size "$BATCH" \
+    --checkpoint.enable --checkpoint.interval 2 "${CUDA_ONLY[@]}" >"$WORK/snapshot_run.log" 2>&1 \
+    || { tail -n 20 "$WORK/snapshot_run.log"; exit 1; }
+snapshots=$(find "$WORK/snapshot_run" -name '*.pickle' | wc -l)
+checkpoints=$(find "$WORK/snapshot_run/checkpoint" -mindepth 1 -maxdepth 1 -type d | wc -l)
+echo "memory snapshot files: $snapshots (CUDA only); checkpoints saved asynchronously: $checkpoints" | tee -a "$OUT"
+echo -e "\nwritten to $OUT"
