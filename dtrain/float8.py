@@ -89,6 +89,11 @@ def build_float8_training(cfg: JobConfig, fsdp_enabled: bool, device: torch.devi
         )
     # torchtitan's choice: the float8 all-gather only means something when FSDP gathers the weights.
     all_gather = f8.enable_fsdp_float8_all_gather and fsdp_enabled
+    if f8.enable_fsdp_float8_all_gather and not fsdp_enabled:
+        logger.warning(
+            "quantize.linear.float8.enable_fsdp_float8_all_gather (and the scale precompute) has no effect: this "
+            "layout has no FSDP to gather weights"
+        )
     if f8.recipe_name == "tensorwise":
         config = Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather, emulate=emulate)
     else:

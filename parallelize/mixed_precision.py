@@ -23,7 +23,11 @@ from torch.distributed.device_mesh import DeviceMesh
 
 
 def autocast_forward(model: nn.Module, device_type: str, dtype: torch.dtype) -> None:
-    """Run `model`'s forward under autocast to `dtype`, in place (nothing to do for float32)."""
+    """Run `model`'s forward under autocast to `dtype`, in place (nothing to do for float32).
+
+    The wrapped forward is an instance attribute bound to `model`: parallelize is the last thing done to a model,
+    so nothing deep-copies it afterwards (a copy would still call the original's forward).
+    """
     if dtype == torch.float32:
         return
     model.forward = torch.autocast(device_type, dtype=dtype)(model.forward)

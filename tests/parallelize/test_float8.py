@@ -51,12 +51,15 @@ def test_converts_the_linears_that_fit_and_are_not_filtered(caplog):
     assert "no float8 matmuls" in caplog.text and "emulating them" in caplog.text
 
 
-def test_precompute_hook_only_with_fsdp_float8_all_gather():
+def test_precompute_hook_only_with_fsdp_float8_all_gather(caplog):
     cfg = float8_config(enable_fsdp_float8_all_gather=True, precompute_float8_dynamic_scale_for_fsdp=True)
     assert build_float8_training(cfg, True, torch.device("cpu")).optimizer_step_hook is not None
-    # Without FSDP there is nothing to all-gather (torchtitan's rule): both flags are moot.
-    single = build_float8_training(cfg, False, torch.device("cpu"))
+    assert "has no effect" not in caplog.text
+    # Without FSDP there is nothing to all-gather (torchtitan's rule): both flags are moot, and the log says so.
+    with caplog.at_level(logging.WARNING, logger="dtrain"):
+        single = build_float8_training(cfg, False, torch.device("cpu"))
     assert single.optimizer_step_hook is None and not single.config.enable_fsdp_float8_all_gather
+    assert "enable_fsdp_float8_all_gather (and the scale precompute) has no effect" in caplog.text
     assert build_float8_training(JobConfig(), True, torch.device("cpu")) is None
 
 
