@@ -18,8 +18,9 @@ class LowBitFormat:
     qmap_bytes: int
 
 
-# torchao's formats by name suffix, with its default block sizes (passed explicitly, so that the memory estimate
-# (dtrain.optim.moment_bytes) and the optimizer agree). The 8-bit table has 256 float32 values, the 4-bit one 16; float8 needs none.
+# torchao's formats by name suffix, with its default block sizes (passed explicitly, so that the memory estimate,
+# dtrain.optim.moment_bytes, and the optimizer agree). The 8-bit table has 256 float32 values, the 4-bit one 16;
+# float8 needs none.
 LOW_BIT_FORMATS = {
     "8bit": LowBitFormat(code_bytes=1, block_size=256, qmap_bytes=256 * 4),
     "4bit": LowBitFormat(code_bytes=0.5, block_size=128, qmap_bytes=16 * 4),

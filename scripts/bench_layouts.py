@@ -75,8 +75,10 @@ def full_square_factor(extra: list[str]) -> float:
 
 def table(rows: list[dict], factor: float) -> list[str]:
     base = rows[0]["tps_total"]
-    lines = ["| variant | procs | tok/s/rank | tok/s total | ratio | MFU % | MFU % (torchtitan) | peak GiB | final loss |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| variant | procs | tok/s/rank | tok/s total | ratio | MFU % | MFU % (torchtitan) | peak GiB | final loss |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1f}"
         mfu_tt = "-" if r["mfu"] is None else f"{r['mfu'] * factor:.1f}"

@@ -318,7 +318,9 @@ def run_layouts(rank: int, world_size: int, layouts: list[Layout]) -> dict:
     wanted = {layout.reference: layout for layout in layouts}
     references = (
         {
-            key: single_process_run(layout.args, layout.family, layout.attention_mask, layout.float8, layout.param_dtype)
+            key: single_process_run(
+                layout.args, layout.family, layout.attention_mask, layout.float8, layout.param_dtype
+            )
             for key, layout in wanted.items()
         }
         if rank == 0

@@ -27,7 +27,10 @@ LAYOUTS = [
     Layout(
         "fsdp_ac_memory_budget",
         FSDP,
-        dict(ac_mode="memory_budget", memory_budget=0.0, compile_model=True, compile_backend="aot_eager_decomp_partition"),
+        dict(
+            ac_mode="memory_budget", memory_budget=0.0, compile_model=True,
+            compile_backend="aot_eager_decomp_partition",
+        ),
     ),
 ]
 

@@ -10,7 +10,9 @@ BF16 = dict(param_dtype="bfloat16")
 LAYOUTS = [
     Layout("fsdp_bf16", dict(dp_shard=2), BF16),
     Layout("ddp_bf16", dict(dp_replicate=2, dp_shard=1), BF16, microbatches=2),
-    Layout("ddp_bf16_reduce_bf16", dict(dp_replicate=2, dp_shard=1), dict(BF16, reduce_dtype="bfloat16"), microbatches=2),
+    Layout(
+        "ddp_bf16_reduce_bf16", dict(dp_replicate=2, dp_shard=1), dict(BF16, reduce_dtype="bfloat16"), microbatches=2
+    ),
     Layout("tp_sp_bf16", dict(dp_shard=1, tp=2), BF16),
     Layout("fsdp_fp32", dict(dp_shard=2)),
 ]

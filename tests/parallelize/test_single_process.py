@@ -45,7 +45,10 @@ def meta_model(args=ARGS):
         (dict(ac_mode="selective", selective_ac_option="x"), "activation_checkpoint.selective_ac_option='x'"),
         (dict(ac_mode="selective", selective_ac_option="0"), "activation_checkpoint.selective_ac_option='0'"),
         (dict(cpu_offload=True), "training.enable_cpu_offload"),
-        (dict(ac_mode="memory_budget", memory_budget=1.5, compile_model=True), "activation_checkpoint.memory_budget=1.5"),
+        (
+            dict(ac_mode="memory_budget", memory_budget=1.5, compile_model=True),
+            "activation_checkpoint.memory_budget=1.5",
+        ),
         (dict(ac_mode="memory_budget"), "activation_checkpoint.mode='memory_budget' is applied by torch.compile"),
         (
             dict(ac_mode="memory_budget", compile_model=True, compile_backend="aot_eager"),
