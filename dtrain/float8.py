@@ -1,8 +1,8 @@
 """float8 training through torchao: which linears convert, the run's torchao config, and the FSDP scale hook.
 
 The conversion runs on the model built on the meta device, before parallelize (``model_builder``), so that
-parallelize sees torchao's ``Float8Linear`` modules, and FSDP2 can all-gather their weights in float8 (tensor
-parallel with float8 is refused for now: dtrain/config/converters.py). Parameter names do not change, so
+parallelize sees torchao's ``Float8Linear`` modules: FSDP2 can all-gather their weights in float8, and tensor
+parallel gives them torchao's float8 styles (parallelize/float8_tp.py). Parameter names do not change, so
 checkpoints move freely between float8 and high-precision runs.
 """
 
@@ -29,14 +29,16 @@ def has_float8_matmul(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= FLOAT8_MATMUL_CAPABILITY
 
 
-def linear_filter(filter_fqns: tuple[str, ...]) -> Callable[[nn.Module, str], bool]:
+def linear_filter(
+    filter_fqns: tuple[str, ...], dim_multiple: int = FLOAT8_DIM_MULTIPLE
+) -> Callable[[nn.Module, str], bool]:
     """torchao's module filter: convert a linear unless its name contains one of `filter_fqns` or a dimension of
-    its weight is not a multiple of 16."""
+    its weight is not a multiple of `dim_multiple`."""
 
     def convert(module: nn.Module, fqn: str) -> bool:
         if not isinstance(module, nn.Linear):
             return False
-        fits = all(size % FLOAT8_DIM_MULTIPLE == 0 for size in module.weight.shape)
+        fits = all(size % dim_multiple == 0 for size in module.weight.shape)
         return fits and not any(name in fqn for name in filter_fqns)
 
     return convert
@@ -103,6 +105,11 @@ def build_float8_training(cfg: JobConfig, fsdp_enabled: bool, device: torch.devi
         f8.recipe_name, ", emulated" if emulate else "", ", float8 FSDP all-gather" if all_gather else "",
         ", ".join(f8.filter_fqns) or "(none)",
     )
+    if cfg.parallelism.tensor_parallel_degree > 1 and f8.recipe_name == "tensorwise":
+        logger.info(
+            "float8 tensor parallel: torchao's float8 styles replace the plan's styles of float8 linears (casts "
+            "before the collectives; float8 on the wire with NCCL, high precision with gloo)"
+        )
     return Float8Training(
         config, tuple(f8.filter_fqns), precompute_scales=all_gather and f8.precompute_float8_dynamic_scale_for_fsdp
     )

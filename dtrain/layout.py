@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dtrain.config.converters import check_mx_compute_dtype
 from dtrain.config.schema import JobConfig, Parallelism
 from dtrain.distributed import World
 from dtrain.errors import ConfigError
@@ -107,6 +108,7 @@ def check_layout(cfg: JobConfig, world_size: int, family: FamilySpec, model_args
         family.check_hooks(dims)
         dims.gradient_accumulation_steps(training.local_batch_size, training.global_batch_size)
         parallelize_options(cfg, device_type).validate(dims)
+        check_mx_compute_dtype(cfg, dims.fsdp_enabled)
     except ParallelismError as err:
         raise ConfigError(str(err)) from None
 

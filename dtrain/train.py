@@ -22,6 +22,8 @@ from dtrain.data import build_dataloader
 from dtrain.distributed import World, init_world, is_timeout, set_collective_timeout
 from dtrain.errors import DtrainError
 from dtrain.float8 import build_float8_training
+from dtrain.mx import build_mx_training
+from dtrain.mx import build_mx_training
 from dtrain.layout import ParallelLayout, build_layout
 from dtrain.layout_report import compute_dtype, describe_layout, log_memory, log_parallel_plans, whole_metrics
 from dtrain.lr_schedule import build_lr_scheduler
@@ -47,10 +49,11 @@ def build_train_state(
 ) -> TrainState:
     """Model parts (meta → parallelized → materialized → initialised), optimizer, schedule, data and the executor
     of this layout, as one state."""
-    float8 = build_float8_training(cfg, layout.dims.fsdp_enabled, world.device)
+    # At most one low-precision converter (the config refuses float8 with mx).
+    converter = build_float8_training(cfg, layout.dims.fsdp_enabled, world.device) or build_mx_training(cfg)
     stages = build_model_parts(
         family, args, layout, world.device, seed=cfg.debug.seed, workload=Workload.of(cfg, layout),
-        convert=float8.convert if float8 else None,
+        convert=converter.convert if converter else None,
     )
     model_parts = [stage.module for stage in stages]
     optimizer = build_optimizers(model_parts, cfg.optimizer, world.device)
@@ -66,7 +69,7 @@ def build_train_state(
         lr_scheduler=lr_scheduler,
         dataloader=dataloader,
         executor=build_step_executor(
-            family, layout, stages, loss_fn, world.device, float8.optimizer_step_hook if float8 else None
+            family, layout, stages, loss_fn, world.device, converter.optimizer_step_hook if converter else None
         ),
         seed=cfg.debug.seed,
         max_norm=cfg.training.max_norm,

@@ -1,7 +1,8 @@
 """Parallelizing the Llama 3 family: its tensor-parallel plan and the fixed order in which every layer is applied.
 
 Order (torchtitan's, and each step depends on the previous ones):
-1. tensor (+ sequence, + loss) parallel: the plan below; parameters become DTensors on the ``tp`` mesh;
+1. tensor (+ sequence, + loss) parallel: the plan below (torchao's float8 styles for float8 linears,
+   float8_tp.py); parameters become DTensors on the ``tp`` mesh;
 2. activation checkpointing of blocks (wraps each block, so it must see the TP'd block);
 3. ``torch.compile`` per block (compiles the TP'd, checkpointed block as one graph);
 4. data parallel last: FSDP2 / HSDP (``fully_shard`` adds the ``dp`` dimension to the TP DTensors, and computes in
@@ -24,6 +25,7 @@ from dtrain.parallelize.context_parallel import apply_cp
 from dtrain.parallelize.data_parallel import apply_ddp, apply_fsdp, parse_dtype
 from dtrain.parallelize.errors import ParallelismError
 from dtrain.parallelize.family_spec import FamilySpec
+from dtrain.parallelize.float8_tp import float8_tp_plan
 from dtrain.parallelize.mesh import ParallelMesh, fsdp_mesh
 from dtrain.parallelize.mixed_precision import autocast_forward, reduce_ddp_gradients_in
 from dtrain.parallelize.options import ParallelizeOptions
@@ -117,7 +119,7 @@ def parallelize_decoder(
         raise ParallelismError(f"a world of {dims.world_size} processes needs a device mesh (build_mesh)")
     if dims.tp_enabled:
         plan = tp_plan(sequence_parallel=dims.sequence_parallel_enabled, loss_parallel=dims.loss_parallel_enabled)
-        apply_tp(model, mesh["tp"], _present(plan, model))
+        apply_tp(model, mesh["tp"], float8_tp_plan(_present(plan, model), model, mesh["tp"]))
         if _is_tied(model):
             # Embedding rows and head columns are both Shard(0) of the same [vocab, dim] weight; the plan
             # distributed them separately, so make them one parameter again.

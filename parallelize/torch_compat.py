@@ -21,6 +21,16 @@ from torch.torch_version import TorchVersion
 # is treated like 2.11: a fresh stager per save is correct everywhere, only without the buffer reuse.)
 ASYNC_STAGER_IS_REUSABLE = TorchVersion(torch.__version__) >= (2, 13)
 
+# The weight-gradient pass of the split-backward pipeline schedules (zero-bubble, V) re-enters autograd at the
+# stage's intermediate nodes. torch 2.11 reads ``node._input_metadata`` there, which custom autograd.Function
+# nodes refuse ("Attribute '_input_metadata' is invalid"), so a stage with torchao's float8 linears (a custom
+# Function per matmul) fails in its first W action; torch 2.13 runs it (2.12 unchecked, treated like 2.11).
+SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS = TorchVersion(torch.__version__) >= (2, 13)
+
+# torchao's MXFP8 training (0.18) asserts DTensor rules that torch 2.11 lacks (``scaled_mm_single_dim_strategy``,
+# ``is_pinned_handler``: "Please install the latest torch nightly build"); torch 2.13 has them (2.12 unchecked).
+MXFP8_TRAINING_SUPPORTED = TorchVersion(torch.__version__) >= (2, 13)
+
 # The autograd-aware all-gather of functional collectives (backward: reduce-scatter): torch 2.13 names it
 # all_gather_single_autograd and deprecates all_gather_tensor_autograd, the only name torch 2.11 has.
 all_gather_autograd = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd

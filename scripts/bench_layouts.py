@@ -34,6 +34,7 @@ VARIANTS = {
     "compile_float8_rowwise": (
         1, ["--compile.enable", "--model.converters", "float8", "--quantize.linear.float8.recipe_name", "rowwise"]
     ),
+    "compile_mxfp8": (1, ["--compile.enable", "--model.converters", "mx"]),  # Blackwell-class GPUs only
 }
 
 

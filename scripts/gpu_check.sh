@@ -2,7 +2,8 @@
 # One command that verifies and measures every CUDA path of dtrain on the GPU machine it runs on:
 #   1. the CUDA-marked tests (pytest -m cuda: async TP, sharded init, context parallel's ring and masked attention);
 #   2. a 1B-class Llama 3 (the 1B flavor with its 128k vocabulary) and Qwen3 1.7B on one GPU, side by side: eager,
-#      compile, compile + float8 tensorwise and rowwise, in bf16 with fused AdamW (optimizer.implementation auto):
+#      compile, compile + float8 tensorwise and rowwise (and MXFP8 on Blackwell-class GPUs), in bf16 with fused
+#      AdamW (optimizer.implementation auto):
 #      tokens/s, MFU in dtrain's convention and torchtitan's, peak memory (scripts/bench_layouts.py);
 #   3. one run that writes a CUDA memory snapshot and saves an async checkpoint from pinned memory, then checks
 #      that both exist.
@@ -50,6 +51,11 @@ echo -e "\n## CUDA-marked tests\n" | tee -a "$OUT"
 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests 2>&1 | tail -n 5 | tee -a "$OUT"
 
 VARIANTS=eager,compile,compile_float8_tensorwise,compile_float8_rowwise
+# MX (block-scaled) matmuls exist from Blackwell (compute capability 10.0) on; elsewhere the config refuses them.
+blackwell='import sys, torch; sys.exit(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (10, 0)))'
+if "$PYTHON" -c "$blackwell"; then
+    VARIANTS+=,compile_mxfp8
+fi
 for model in "${MODELS[@]}"; do
     read -r name flavor <<<"$model"
     echo -e "\n## $name $flavor: one GPU, global batch $BATCH\n" | tee -a "$OUT"

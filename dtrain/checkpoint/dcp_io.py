@@ -29,6 +29,7 @@ from dtrain.checkpoint.safe_reading import (
     read_metadata_file,
 )
 from dtrain.errors import DtrainError
+from dtrain.mx import allow_mx_tensors_in_checkpoints
 from dtrain.parallelize.torch_compat import ASYNC_STAGER_IS_REUSABLE
 
 # Full checkpoints nest the weights under this key (TrainState.state_dict); model-only ones keep them at the top,
@@ -92,6 +93,7 @@ def read_whole_state(path: Path) -> dict[str, Any]:
     # admits once torchao.optim has registered them; they are read into plain (dequantized) tensors here.
     import torchao.optim  # noqa: F401
 
+    allow_mx_tensors_in_checkpoints()
     reader = verifying_reader(path)
     state: dict[str, Any] = {}
     try:
@@ -192,6 +194,7 @@ def load(state_dict: dict[str, Any], path: Path, process_group: dist.ProcessGrou
     Nothing in the checkpoint runs as code (UnsafeCheckpoint), and every item read is checked against the
     checksum committed with it (ChecksumMismatch); both are one line.
     """
+    allow_mx_tensors_in_checkpoints()
     reader = verifying_reader(path)
     try:
         dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group,

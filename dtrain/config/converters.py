@@ -1,8 +1,7 @@
-"""Checks of `[model] converters` and `[quantize.*]`: which converters exist, and what float8 refuses.
+"""Checks of `[model] converters` and `[quantize.*]`: which converters exist, and what float8 and MX refuse.
 
-Converter names follow torchtitan: v0.2.2 registers float8 as ``quantize.linear.float8`` (older releases as
-``float8``); both are accepted. MX (mxfp8) is refused: it needs a Blackwell-class GPU and dtrain does not implement
-it yet.
+Converter names follow torchtitan: v0.2.2 registers float8 as ``quantize.linear.float8`` and MX as
+``quantize.linear.mx`` (older releases as ``float8`` and ``mx``); both spellings are accepted.
 """
 
 from __future__ import annotations
@@ -13,50 +12,89 @@ import torch
 
 from dtrain.config.schema import JobConfig
 from dtrain.errors import ConfigError
+from dtrain.parallelize.pipeline_plan import SPLIT_BACKWARD_SCHEDULES
+from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED, SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS
 
 FLOAT8_NAMES = ("float8", "quantize.linear.float8")
 MX_NAMES = ("mx", "quantize.linear.mx")
-MX_SECTION = "quantize.linear.mx"
 MX_CAPABILITY = (10, 0)  # Blackwell: the first GPUs with MX (block-scaled) matmuls
+MX_EMULATED_RECIPE = "mxfp8_emulated_rceil"
 
 
 def float8_enabled(cfg: JobConfig) -> bool:
     return any(name in FLOAT8_NAMES for name in cfg.model.converters)
 
 
-def mx_refusal(key: str) -> str:
-    """The one-line refusal of MX training, naming `key` and what this machine lacks."""
-    capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
-    if capability is None or capability < MX_CAPABILITY:
+def mx_enabled(cfg: JobConfig) -> bool:
+    return any(name in MX_NAMES for name in cfg.model.converters)
+
+
+def has_mx_matmul() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= MX_CAPABILITY
+
+
+def check_mx(cfg: JobConfig) -> None:
+    """One-line refusals of MX training where it cannot run: no torchao, a torch without the DTensor rules torchao's
+    MXFP8 training needs, or an MX-matmul recipe without a Blackwell-class GPU."""
+    recipe = cfg.quantize.linear.mx.recipe_name
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError("model.converters = mx needs torchao (pip install torchao)")
+    if not MXFP8_TRAINING_SUPPORTED:
+        raise ConfigError(
+            f"model.converters = mx: torchao's MXFP8 training needs torch 2.13 (this is {torch.__version__})"
+        )
+    if recipe != MX_EMULATED_RECIPE and not has_mx_matmul():
+        capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
         have = "no CUDA GPU" if capability is None else f"a GPU of compute capability {capability[0]}.{capability[1]}"
-        reason = f"needs a Blackwell-class GPU (CUDA compute capability >= 10.0); this machine has {have}"
-    else:
-        reason = "is not implemented in dtrain yet"
-    return f"{key}: MX (mxfp8) training {reason} (valid converters: float8)"
+        raise ConfigError(
+            f"quantize.linear.mx.recipe_name = {recipe} needs a Blackwell-class GPU (CUDA compute capability >= "
+            f"10.0); this machine has {have} (recipe_name = {MX_EMULATED_RECIPE} emulates MX matmuls anywhere)"
+        )
+    if cfg.parallelism.tensor_parallel_degree > 1:
+        raise ConfigError(
+            "model.converters = mx does not compose with tensor parallel in dtrain; set "
+            f"parallelism.tensor_parallel_degree = 1 (got {cfg.parallelism.tensor_parallel_degree})"
+        )
 
 
-def refused_key_message(name: str, where: str = "") -> str | None:
-    """The refusal of a key or section under [quantize.linear.mx] (rather than "unknown key"), else None."""
-    if name == MX_SECTION or name.startswith(MX_SECTION + "."):
-        return mx_refusal(f"[{MX_SECTION}]{where}")
-    return None
+def check_mx_compute_dtype(cfg: JobConfig, fsdp_enabled: bool) -> None:
+    """Layouts without FSDP compute in bf16 under autocast, inside which torchao's emulated MX matmul fails: it
+    dequantizes each operand to its own original dtype, which autocast made differ ("expected m1 and m2 to have
+    the same dtype", torchao 0.18). FSDP's mixed-precision policy casts the weights instead, and works. The MX
+    matmul recipes multiply float8 operands into a bf16 output and are not refused here (not yet run on a
+    Blackwell GPU)."""
+    param_dtype = cfg.training.mixed_precision_param
+    recipe = cfg.quantize.linear.mx.recipe_name
+    if mx_enabled(cfg) and recipe == MX_EMULATED_RECIPE and not fsdp_enabled and param_dtype != "float32":
+        raise ConfigError(
+            f"quantize.linear.mx.recipe_name = {recipe} on a layout without FSDP needs "
+            f"training.mixed_precision_param = float32 (got {param_dtype}): the emulated MX matmuls do not run "
+            "under the autocast such layouts compute in; shard with FSDP (parallelism.data_parallel_shard_degree) "
+            "to emulate MX in bf16"
+        )
 
 
 def check_converters(cfg: JobConfig) -> None:
-    """A one-line ConfigError for an unknown or refused converter, or an impossible float8 combination."""
+    """A one-line ConfigError for an unknown or refused converter, or an impossible float8 or MX combination."""
     for name in cfg.model.converters:
-        if name in MX_NAMES:
-            raise ConfigError(mx_refusal(f"model.converters = {name}"))
-        if name not in FLOAT8_NAMES:
-            raise ConfigError(f"model.converters may contain float8 (or quantize.linear.float8); got {name!r}")
+        if name not in FLOAT8_NAMES + MX_NAMES:
+            raise ConfigError(
+                "model.converters may contain float8 or mx (or quantize.linear.float8, quantize.linear.mx); "
+                f"got {name!r}"
+            )
+    if float8_enabled(cfg) and mx_enabled(cfg):
+        raise ConfigError("model.converters: float8 and mx both convert the linears; choose one")
+    if mx_enabled(cfg):
+        check_mx(cfg)
     if float8_enabled(cfg) and importlib.util.find_spec("torchao") is None:
         raise ConfigError("model.converters = float8 needs torchao (pip install torchao)")
-    if float8_enabled(cfg) and cfg.parallelism.tensor_parallel_degree > 1:
-        # torchao's float8 TP styles are not wired into the TP plans yet: on gloo their float8 all-gathers fail
-        # and without sequence parallel the CPU run did not match one process, so nothing here could verify them.
+    schedule = cfg.parallelism.pipeline_parallel_schedule
+    split_backward = cfg.parallelism.pipeline_parallel_degree > 1 and schedule in SPLIT_BACKWARD_SCHEDULES
+    if (float8_enabled(cfg) or mx_enabled(cfg)) and split_backward and not SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS:
         raise ConfigError(
-            "model.converters = float8 does not compose with tensor parallel yet; set "
-            f"parallelism.tensor_parallel_degree = 1 (got {cfg.parallelism.tensor_parallel_degree})"
+            f"model.converters = {cfg.model.converters[0]} with parallelism.pipeline_parallel_schedule = {schedule} "
+            f"needs torch 2.13 (torch {torch.__version__} cannot split the backward of low-precision matmuls); use "
+            "1F1B, GPipe, Interleaved1F1B or LoopedBFS"
         )
     f8 = cfg.quantize.linear.float8
     key = "quantize.linear.float8"

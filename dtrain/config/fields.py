@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from dtrain.config.converters import refused_key_message
 from dtrain.config.schema import JobConfig
 
 # The value kinds a field may have. Each maps to one parser (CLI) and one checker (TOML / Python values). A "table"
@@ -157,9 +156,6 @@ def suggest_key(name: str) -> str | None:
 
 def unknown_key_message(name: str, where: str = "") -> str:
     """An unknown-key error: the key (and `where`, e.g. " in FILE"), then a suggestion or what is valid there."""
-    refusal = refused_key_message(name, where)
-    if refusal:
-        return refusal
     suggestion = suggest_key(name)
     if suggestion:
         return f"unknown key {name}{where} (did you mean {suggestion}?)"
@@ -172,9 +168,6 @@ def unknown_key_message(name: str, where: str = "") -> str:
 
 def unknown_section_message(section: str, where: str = "") -> str:
     """An unknown-section error (an empty TOML table), with the closest section name when there is one."""
-    refusal = refused_key_message(section, where)
-    if refusal:
-        return refusal
     close = difflib.get_close_matches(section, section_names(), n=1, cutoff=0.6)
     hint = f"did you mean [{close[0]}]?" if close else f"sections: {', '.join(section_names())}"
     return f"unknown section [{section}]{where} ({hint})"

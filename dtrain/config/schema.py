@@ -65,7 +65,8 @@ class Model:
     converters: list[str] = opt(
         [],
         "Model converters applied before parallelizing: float8 (torchao float8 training, configured in "
-        "[quantize.linear.float8]; quantize.linear.float8 is the same).",
+        "[quantize.linear.float8]; quantize.linear.float8 is the same) or mx (MXFP8 training, configured in "
+        "[quantize.linear.mx]; quantize.linear.mx is the same).",
     )
 
 
@@ -322,8 +323,25 @@ class QuantizeLinearFloat8:
 
 
 @dataclass
+class QuantizeLinearMX:
+    recipe_name: str = opt(
+        "mxfp8_rceil",
+        "MXFP8 recipe (torchao's): mxfp8_rceil (MX matmuls, needs a Blackwell-class GPU), mxfp8_rceil_wgrad_with_hp "
+        "(the weight gradient in high precision), or mxfp8_emulated_rceil (the same casts, matmuls emulated in high "
+        "precision: any device, slowly).",
+        choices=("mxfp8_rceil", "mxfp8_rceil_wgrad_with_hp", "mxfp8_emulated_rceil"),
+    )
+    filter_fqns: list[str] = opt(
+        ["output"],
+        "Linears whose module name contains any of these stay in high precision; linears with a dimension not "
+        "divisible by 32 (the MX block) always do.",
+    )
+
+
+@dataclass
 class QuantizeLinear:
     float8: QuantizeLinearFloat8 = field(default_factory=QuantizeLinearFloat8)
+    mx: QuantizeLinearMX = field(default_factory=QuantizeLinearMX)
 
 
 @dataclass

@@ -6,6 +6,7 @@ The FSDP2 layout with float8 all-gathers is in test_parity_fsdp_ddp.py.
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 import torch
@@ -16,18 +17,15 @@ from dtrain.float8 import build_float8_training
 from dtrain.parallelize import ParallelDims, ParallelizeOptions
 
 from parity_layouts import (
-    ARGS, build_parallel_model, max_relative_diff, new_state, run_steps, single_process_run, whole_model,
+    ARGS, build_parallel_model, converter_config, max_relative_diff, new_state, run_steps, single_process_run,
+    whole_model,
 )
 
 pytest.importorskip("torchao.float8")
 
 
 def float8_config(**float8) -> JobConfig:
-    cfg = JobConfig()
-    cfg.model.converters = ["float8"]
-    for key, value in float8.items():
-        setattr(cfg.quantize.linear.float8, key, value)
-    return cfg
+    return converter_config("float8", **float8)
 
 
 class Tiny(nn.Module):
@@ -85,8 +83,77 @@ def test_compiled_float8_blocks_match_eager():
     dims = ParallelDims(1)
     options = ParallelizeOptions(compile_model=True, compile_backend="aot_eager")
     torch._dynamo.reset()
-    model = build_parallel_model(ARGS, dims, None, options, float8=float8)
-    compiled = run_steps(new_state(whole_model(model), dims, float8=float8), range(steps), None, accumulation=2)
+    model = build_parallel_model(ARGS, dims, None, options, converter=float8)
+    compiled = run_steps(new_state(whole_model(model), dims, converter=float8), range(steps), None, accumulation=2)
     eager, _ = single_process_run(ARGS, float8={})
     # aot_eager runs the same kernels as eager; only the graph's op order may differ.
     assert max_relative_diff(compiled["losses"], eager["losses"][:steps]) <= 1e-5
+
+
+class Block(nn.Module):
+    """A feed-forward block as the TP plans see one: an input-preparing parent and its linears."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(32, 64)
+        self.down = nn.Linear(64, 32)
+
+
+def float8_blocks(recipe: str = "tensorwise", filter_fqns: tuple[str, ...] = ()) -> nn.Module:
+    model = nn.ModuleDict({"0": Block(), "1": Block()})
+    build_float8_training(float8_config(recipe_name=recipe, filter_fqns=list(filter_fqns)), False,
+                          torch.device("cpu")).convert(model)
+    return model
+
+
+def chosen_styles(model: nn.Module, plan: dict, float8_collectives: bool) -> dict[str, str]:
+    from dtrain.parallelize.float8_tp import float8_style, modules_at
+
+    return {
+        path: type(float8_style(style, modules_at(model, path), float8_collectives)).__name__
+        for path, style in plan.items()
+    }
+
+
+def sequence_parallel_plan() -> dict:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+
+    return {
+        "*": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "*.up": ColwiseParallel(),
+        "*.down": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def test_float8_tp_styles_where_the_collectives_carry_float8():
+    # NCCL: torchtitan's float8 TP, every collective in float8.
+    assert chosen_styles(float8_blocks(), sequence_parallel_plan(), float8_collectives=True) == {
+        "*": "PrepareFloat8ModuleInput", "*.up": "Float8ColwiseParallel", "*.down": "Float8RowwiseParallel",
+    }
+
+
+def test_float8_tp_styles_without_float8_collectives_keep_float8_off_gathers():
+    # gloo: the sequence gather and the row-parallel output's backward gather stay torch's (high precision).
+    assert chosen_styles(float8_blocks(), sequence_parallel_plan(), float8_collectives=False) == {
+        "*": "PrepareModuleInput", "*.up": "Float8ColwiseParallel", "*.down": "RowwiseParallel",
+    }
+
+
+def test_float8_tp_styles_only_for_tensorwise_float8_linears():
+    plan = sequence_parallel_plan()
+    torch_styles = {"*": "PrepareModuleInput", "*.up": "ColwiseParallel", "*.down": "RowwiseParallel"}
+    assert chosen_styles(float8_blocks("rowwise"), plan, float8_collectives=True) == torch_styles
+    # One high-precision linear in the block: its input must not arrive cast to float8.
+    assert chosen_styles(float8_blocks(filter_fqns=("down",)), plan, float8_collectives=True) == {
+        "*": "PrepareModuleInput", "*.up": "Float8ColwiseParallel", "*.down": "RowwiseParallel",
+    }
+
+
+def test_float8_tp_plan_is_free_for_runs_that_never_loaded_torchao(monkeypatch):
+    from dtrain.parallelize.float8_tp import float8_tp_plan
+
+    plan = sequence_parallel_plan()
+    monkeypatch.delitem(sys.modules, "torchao.float8.float8_linear")
+    # Neither torchao nor the TP group is consulted (there is no mesh here).
+    assert float8_tp_plan(plan, nn.ModuleDict({"0": Block()}), tp_mesh=None) is plan

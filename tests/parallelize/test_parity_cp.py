@@ -1,6 +1,6 @@
 """Context parallel on 2 ranks: every sequence split over the ranks (head-tail or plain chunks), alone, with
 FSDP's sharding over dp_shard × cp, with activation checkpointing, with compile and with document masking (the
-masked path); Llama 3 and Qwen3. Each layout reproduces the single-process run (fp32, 1e-5)."""
+masked path), with float8 linears; Llama 3 and Qwen3. Each layout reproduces the single-process run (fp32, 1e-5)."""
 
 import pytest
 
@@ -18,6 +18,10 @@ LAYOUTS = [
     Layout("cp_block_causal", CP, dict(attention_mask="block_causal"), microbatches=2),
     Layout("cp_no_load_balancer_block_causal", CP, dict(cp_load_balancer="none", attention_mask="block_causal")),
     Layout("qwen3_cp_block_causal", CP, dict(attention_mask="block_causal"), family="qwen3"),
+    # float8 linears see each rank's part of the sequence. Rowwise scales are per token, so they are the same as
+    # one process's; tensorwise scales would come from each rank's part (as on GPUs, where torchtitan does the
+    # same), which one process cannot reproduce.
+    Layout("cp_float8_rowwise", CP, float8=dict(recipe_name="rowwise")),
 ]
 
 pytestmark = pytest.mark.multiprocess

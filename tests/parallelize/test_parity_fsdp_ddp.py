@@ -1,7 +1,10 @@
 """FSDP2 and DDP on 2 ranks, with each activation-checkpointing mode (the memory budget through compile's
-partitioner), and FSDP2 with document masking and with float8: parity with one process, and memory."""
+partitioner), FSDP2 with document masking, FSDP2 and DDP with float8, and FSDP2 with MX: parity with one process,
+and memory."""
 
 import pytest
+
+from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED
 
 from parity_layouts import Layout, max_relative_diff, parity_tests
 
@@ -20,7 +23,10 @@ LAYOUTS = [
     # float8 (emulated on CPU) with float8 weight all-gathers and the scale precompute after each step, against one
     # process training the same float8 model.
     Layout("fsdp_float8_all_gather", FSDP, float8=FLOAT8_ALL_GATHER),
+    # MXFP8 (emulated) under FSDP2; torchao's MX training needs torch 2.13.
+    *([Layout("fsdp_mx", FSDP, mx=dict(recipe_name="mxfp8_emulated_rceil"))] if MXFP8_TRAINING_SUPPORTED else []),
     Layout("ddp", DDP, microbatches=2),
+    Layout("ddp_float8", DDP, float8={}),
     Layout("ddp_ac_full", DDP, dict(ac_mode="full")),
     Layout("ddp_ac_selective_op", DDP, dict(ac_mode="selective", selective_ac_option="op")),
     # Last: torch's activation memory budget is process-wide, so the layouts after it would compile under it too.
