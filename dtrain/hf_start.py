@@ -27,13 +27,18 @@ class HFStart:
     source: str
 
 
+def _kinds(adapter) -> tuple[tuple[str, str], ...]:
+    """Every (architecture, model_type) whose config.json a family's adapter reads."""
+    return ((adapter.HF_ARCHITECTURE, adapter.HF_MODEL_TYPE), *adapter.HF_OTHER_KINDS)
+
+
 def _family_of(config: dict[str, Any], source: str) -> FamilySpec:
     architecture, model_type = (config.get("architectures") or [None])[0], config.get("model_type")
     for spec in FAMILIES.values():
-        adapter = spec.model.hf_adapter
-        if architecture == adapter.HF_ARCHITECTURE or (architecture is None and model_type == adapter.HF_MODEL_TYPE):
-            return spec
-    known = ", ".join(spec.model.hf_adapter.HF_ARCHITECTURE for spec in FAMILIES.values())
+        for kind_architecture, kind_model_type in _kinds(spec.model.hf_adapter):
+            if architecture == kind_architecture or (architecture is None and model_type == kind_model_type):
+                return spec
+    known = ", ".join(kind[0] for spec in FAMILIES.values() for kind in _kinds(spec.model.hf_adapter))
     described = architecture or model_type or "no architecture"
     raise ConfigError(f"{source} describes {described}, which no model family reads (valid: {known})")
 

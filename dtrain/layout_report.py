@@ -30,12 +30,15 @@ def describe_layout(layout: ParallelLayout) -> str:
             ("DDP", d.ddp_enabled),
             ("CP", d.cp_enabled),
             ("TP+SP" if d.sequence_parallel_enabled else "TP", d.tp_enabled),
+            ("EP", d.ep_enabled),
         )
         if on
     ]
+    # Expert parallel borrows its ranks from dp_shard × cp, so it is not a factor of the world size.
+    experts = f"; experts over ep {d.ep} × efsdp {d.efsdp}" if d.ep_enabled else ""
     return (
         f"{d.world_size} processes ({' + '.join(kinds)}: pp {d.pp} × dp_replicate {d.dp_replicate}"
-        f" × dp_shard {d.dp_shard}{f' × cp {d.cp}' if d.cp_enabled else ''} × tp {d.tp})"
+        f" × dp_shard {d.dp_shard}{f' × cp {d.cp}' if d.cp_enabled else ''} × tp {d.tp}{experts})"
     )
 
 

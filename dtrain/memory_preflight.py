@@ -19,7 +19,9 @@ The estimate, in bytes on this rank's device:
   RMSNorm, SwiGLU and SDPA (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", redone for this block; SDPA's fused kernels keep no s x s scores, so there is no term in s^2). With
   ``a`` the compute dtype's bytes, ``h`` the model dim, ``q = n_heads * head_dim`` (keys and values are repeated
-  to it for grouped-query attention), ``kv = n_kv_heads * head_dim``, ``f`` the FFN width and ``V`` the vocab::
+  to it for grouped-query attention), ``kv = n_kv_heads * head_dim``, ``f`` the FFN width (for an MoE layer the
+  ``top_k`` routed and the shared experts' widths together, plus ``3 a k h`` for its sorted token copies:
+  ``feed_forward_width``, ``routed_copies``; not measured yet) and ``V`` the vocab::
 
       norm  = (4 + a) h / sp + a h              fp32 input and normed value (split along the sequence under SP)
                                                 + the output the next linear keeps (gathered whole under SP)
@@ -216,6 +218,22 @@ def estimate_memory(
     )
 
 
+def feed_forward_width(model_args) -> int:
+    """The SwiGLU width a token goes through: the dense FFN's, or under MoE its ``top_k`` experts' and the shared
+    experts' together (models/moe.py)."""
+    moe = getattr(model_args, "moe", None)
+    if moe is None:
+        return model_args.ffn_hidden_dim
+    return (moe.top_k + moe.num_shared_experts) * moe.hidden_dim
+
+
+def routed_copies(model_args, a: int) -> float:
+    """Bytes per token an MoE layer keeps besides its experts' matmuls: each token's ``top_k`` copies sorted by
+    expert, their outputs, and the outputs put back in token order (0 for a dense model)."""
+    moe = getattr(model_args, "moe", None)
+    return 0.0 if moe is None else 3.0 * a * moe.top_k * model_args.dim
+
+
 def activation_bytes(
     parts: list[nn.Module], model_args, layout: ParallelLayout, local_batch_size: int, seq_len: int
 ) -> int:
@@ -227,7 +245,7 @@ def activation_bytes(
     sp = tp if dims.sequence_parallel_enabled else 1
     lp = tp if dims.loss_parallel_enabled else 1
     h, q = model_args.dim, model_args.n_heads * model_args.head_dim
-    kv, f = model_args.n_kv_heads * model_args.head_dim, model_args.ffn_hidden_dim
+    kv, f = model_args.n_kv_heads * model_args.head_dim, feed_forward_width(model_args)
     norm = (FP32 + a) * h / sp + a * h
     head = norm + 3 * FP32 * model_args.vocab_size / lp
     every_nth = parse_selective_option(options.ac_mode, options.selective_ac_option)
@@ -237,7 +255,7 @@ def activation_bytes(
     for part in parts:
         decoder = decoder_layout(part)
         qk_norm = (FP32 + a) * (q + kv) / tp if getattr(part, "qk_norm", False) else 0.0
-        layer = 2 * norm + a * (4 * q + 4 * f) / tp + qk_norm
+        layer = 2 * norm + a * (4 * q + 4 * f) / tp + qk_norm + routed_copies(model_args, a)
         layer += context_parallel_extra(layout, a, q, kv, seq_len) + attention_mask_extra(layout, a, seq_len)
         n_blocks = len(decoder.blocks_of(part))
         if options.ac_mode == "memory_budget":

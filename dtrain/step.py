@@ -57,7 +57,7 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     state.lr_scheduler.step()
     state.step += 1
     state.tokens_seen += sum(mb["input_ids"].numel() for mb in microbatches) * rank.dp_size * rank.cp_size
-    return {"loss": loss, "grad_norm": grad_norm, "lr": lr}
+    return {"loss": loss, "grad_norm": grad_norm, "lr": lr, **state.executor.step_metrics(state.model_parts)}
 
 
 def skip_update(state: TrainState, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:

@@ -22,7 +22,8 @@ from torch import nn
 
 from dtrain.layout import ParallelLayout
 from dtrain.parallelize import FamilySpec, local_loss, loss_parallel_context
-from dtrain.parallelize.family_spec import ExtraLoss, OptimizerStepHook
+from dtrain.parallelize.family_spec import ExtraLoss, OptimizerStepHook, StepMetrics
+from dtrain.parallelize.grad_norm import total_grad_norm
 from dtrain.parallelize.pipeline_schedule import Pipeline, build_pipeline
 from dtrain.parallelize.pipeline_split import StageModule
 from dtrain.parallelize.torch_compat import clip_grads_with_norm_
@@ -36,11 +37,12 @@ class StepExecutor(abc.ABC):
     """Forward/backward of one microbatch, the clipped gradient norm, and the work after the optimizer step.
 
     `loss_context` is the context forward, loss and backward run in (vocab-parallel cross-entropy under loss
-    parallel); `optimizer_step_hook` is the family's `after_optimizer_step`.
+    parallel); `optimizer_step_hook` is the family's `after_optimizer_step`, `metrics_hook` its `step_metrics`.
     """
 
     loss_context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext, kw_only=True)
     optimizer_step_hook: OptimizerStepHook | None = field(default=None, kw_only=True)
+    metrics_hook: StepMetrics | None = field(default=None, kw_only=True)
 
     @abc.abstractmethod
     def forward_backward(
@@ -58,6 +60,9 @@ class StepExecutor(abc.ABC):
     def after_optimizer_step(self, model_parts: list[nn.Module]) -> None:
         if self.optimizer_step_hook is not None:
             self.optimizer_step_hook(model_parts)
+
+    def step_metrics(self, model_parts: list[nn.Module]) -> dict[str, torch.Tensor]:
+        return self.metrics_hook(model_parts) if self.metrics_hook is not None else {}
 
 
 @dataclass(frozen=True)
@@ -88,8 +93,8 @@ class LocalExecutor(StepExecutor):
 class PipelineExecutor(StepExecutor):
     """The pipeline schedule runs this rank's stages (the modules of `model_parts`, bound when it was built).
 
-    A family's extra loss term is refused under pipeline parallelism (`FamilySpec.check_hooks`), so
-    `extra_loss_weight` has nothing to weigh here.
+    A family's extra loss term is refused under pipeline parallelism (`FamilySpec.check_hooks`, at the layout
+    check before launch), so `extra_loss_weight` has nothing to weigh here.
     """
 
     pipeline: Pipeline
@@ -112,7 +117,7 @@ class PipelineExecutor(StepExecutor):
 def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
     """The 2-norm of the gradients of `parameters` (a DTensor when sharded), clipped to `max_norm` unless 0."""
     grads = [p.grad for p in parameters if p.grad is not None]
-    total_norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    total_norm = total_grad_norm(grads)
     if max_norm > 0:
         clip_grads_with_norm_(parameters, max_norm, total_norm)
     return total_norm
@@ -131,12 +136,12 @@ def build_step_executor(
     `loss_fn(output, labels)` is the summed loss; under loss parallel it is made to return a plain tensor.
     `after_optimizer_step` (e.g. float8's scale precompute) runs after the family's own hook.
     """
-    family.check_hooks(layout.dims)
     if layout.dims.loss_parallel_enabled:
         loss_fn = local_loss(loss_fn)
     common = dict(
         loss_context=functools.partial(loss_parallel_context, layout.dims),
         optimizer_step_hook=chain_hooks(family.after_optimizer_step, after_optimizer_step),
+        metrics_hook=family.step_metrics,
     )
     if layout.plan is None:
         return LocalExecutor(loss_fn=loss_fn, extra_loss=family.extra_loss, **common)

@@ -40,9 +40,11 @@ class ModelFamily:
 
     ``model_cls(args)`` builds a model that keeps the decoder protocol (``dtrain.models.decoder``);
     ``flops_per_token(args, seq_len)`` is the training FLOPs per token, for MFU; ``hf_adapter(args)`` converts its
-    weights and config.json to and from Hugging Face's (``hf_name``, ``to_hf``, ``from_hf``, ``hf_config``,
-    ``check_hf_config``, and ``args_from_hf_config`` on the class); ``checkpoint_spellings(args)`` are the other
-    names a DCP checkpoint may give its weights, tried in order when an initial load does not find ours.
+    weights and config.json to and from Hugging Face's (``hf_names``, ``from_hf``, ``to_hf_tensors``, which let one
+    of our tensors stack several of HF's; ``hf_config``, ``check_hf_config``; on the class ``args_from_hf_config``,
+    ``HF_ARCHITECTURE``, ``HF_MODEL_TYPE``, ``HF_OTHER_KINDS``; ``models/llama3/hf_adapter.py`` is the base to build
+    on); ``checkpoint_spellings(args)`` are the other names a DCP checkpoint may give its weights, tried in order
+    when an initial load does not find ours.
     """
 
     name: str

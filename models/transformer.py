@@ -1,13 +1,16 @@
 """The pre-norm decoder of the Llama family in plain single-device PyTorch, shared by the families built like it.
 
 Llama 3 is this model as it is; Qwen3 adds QK-norm (``qk_norm = True`` on its subclass: an RMSNorm over each
-head's features of the queries and keys, before RoPE) and sets ``head_dim`` and the FFN width freely. The args
-of a family provide ``dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_hidden_dim, vocab_size, norm_eps,
-rope_theta, rope_scaling, max_seq_len, tie_word_embeddings``.
+head's features of the queries and keys, before RoPE) and sets ``head_dim`` and the FFN width freely; Qwen3-MoE
+replaces every block's feed-forward by a routed mixture of experts (``models/moe.py``). The args of a family
+provide ``dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_hidden_dim, vocab_size, norm_eps, rope_theta,
+rope_scaling, max_seq_len, tie_word_embeddings``, and optionally ``moe`` (``MoEArgs``; None or absent: dense).
 
 Parameter names (FQNs) are torchtitan's, so checkpoints move between the two projects: ``tok_embeddings``,
-``layers.N.attention.{wq,wk,wv,wo}`` (with QK-norm also ``q_norm``, ``k_norm``), ``layers.N.feed_forward.{w1,w2,w3}``,
-``layers.N.attention_norm``, ``layers.N.ffn_norm``, ``norm``, ``output``.
+``layers.N.attention.{wq,wk,wv,wo}`` (with QK-norm also ``q_norm``, ``k_norm``), ``layers.N.feed_forward.{w1,w2,w3}``
+(with experts instead ``layers.N.moe.router.gate``, ``layers.N.moe.experts.{w1,w2,w3}``, and
+``layers.N.moe.shared_experts.{w1,w2,w3}`` where there are shared experts), ``layers.N.attention_norm``,
+``layers.N.ffn_norm``, ``norm``, ``output``.
 
 Parallelism is applied from outside (``dtrain.parallelize``), which relies on a few properties kept here:
 - attention derives its number of heads from the projected tensors, never from the args, because under tensor
@@ -19,9 +22,10 @@ Parallelism is applied from outside (``dtrain.parallelize``), which relies on a 
 
 Initialisation (``init_weights``), torchtitan-like, every draw a normal truncated at +-3 std from torch's default
 generator (the caller seeds it):
-- ``tok_embeddings`` and each block's ``wq``/``wk``/``wv``/``w1``: std 0.02;
-- each block's ``wo``/``w2``/``w3``: std ``0.02 / sqrt(2 * (layer_id + 1))`` (deeper layers start smaller, which
-  keeps the residual stream's variance from growing with depth);
+- ``tok_embeddings`` and each block's ``wq``/``wk``/``wv``/``w1`` (the experts' ``w1`` and the router's gate too):
+  std 0.02;
+- each block's ``wo``/``w2``/``w3`` (the experts' too): std ``0.02 / sqrt(2 * (layer_id + 1))`` (deeper layers
+  start smaller, which keeps the residual stream's variance from growing with depth);
 - ``output``: std ``dim ** -0.5``; when tied to the embedding, the shared weight gets the embedding's init;
 - RMSNorm weights (QK-norm too): ones.
 """
@@ -137,13 +141,20 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm residual block: ``h = x + attention(norm(x))``, ``out = h + feed_forward(norm(h))``."""
+    """Pre-norm residual block: ``h = x + attention(norm(x))``, ``out = h + feed_forward(norm(h))``, where the
+    feed-forward is ``self.moe`` (routed experts, ``args.moe``) when `use_moe`, else the dense
+    ``self.feed_forward``; the other attribute is None. `attention` is any module with the shared attention's
+    signature and ``init_weights(out_std)`` (grouped-query attention here, DeepSeek-V3's latent attention)."""
 
-    def __init__(self, layer_id: int, args: Any, qk_norm: bool = False) -> None:
+    def __init__(self, layer_id: int, args: Any, attention: nn.Module, use_moe: bool = False) -> None:
         super().__init__()
+        # Here rather than at the top: models/moe.py builds on this module's FeedForward.
+        from .moe import MoE
+
         self.layer_id = layer_id
-        self.attention = Attention(args, qk_norm)
-        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+        self.attention = attention
+        self.feed_forward = None if use_moe else FeedForward(args.dim, args.ffn_hidden_dim)
+        self.moe = MoE(args.moe, args.dim) if use_moe else None
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
 
@@ -157,12 +168,16 @@ class TransformerBlock(nn.Module):
         # document_ids stays positional: plans rewrite attention's positional inputs (context parallel's positions
         # hook, tensor parallel's input layouts) and must see it in its place.
         h = x + self.attention(self.attention_norm(x), rope_cache, positions, document_ids)
-        return h + self.feed_forward(self.ffn_norm(h))
+        feed_forward = self.moe if self.moe is not None else self.feed_forward
+        return h + feed_forward(self.ffn_norm(h))
 
     def init_weights(self) -> None:
         out_std = depth_scaled_init_std(self.layer_id)
         self.attention.init_weights(out_std)
-        self.feed_forward.init_weights(out_std)
+        if self.moe is not None:
+            self.moe.init_weights(BASE_INIT_STD, out_std)
+        else:
+            self.feed_forward.init_weights(out_std)
         self.attention_norm.reset_parameters()
         self.ffn_norm.reset_parameters()
 
@@ -185,9 +200,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleDict(
-            {str(i): TransformerBlock(i, args, qk_norm=self.qk_norm) for i in range(args.n_layers)}
-        )
+        self.layers = nn.ModuleDict({str(i): self.build_block(i, args) for i in range(args.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
@@ -196,6 +209,12 @@ class Transformer(nn.Module):
         # the device; init_weights computes the table there.
         self.register_buffer("rope_cache", torch.empty(0), persistent=False)
         self.init_weights()
+
+    def build_block(self, layer_id: int, args: Any) -> TransformerBlock:
+        """Block `layer_id`: grouped-query attention (with QK-norm where the family has it), and the MoE
+        feed-forward in every block when the args have ``moe`` (Qwen3-MoE). Other families override this."""
+        use_moe = getattr(args, "moe", None) is not None
+        return TransformerBlock(layer_id, args, Attention(args, self.qk_norm), use_moe=use_moe)
 
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor | None = None, document_ids: torch.Tensor | None = None
@@ -240,13 +259,20 @@ class Transformer(nn.Module):
                     _trunc_normal_(self.output.weight, BASE_INIT_STD)
 
     def init_buffers(self, buffer_device: torch.device | str | None = None) -> None:
-        """Compute the buffers that are functions of the args, not weights (the RoPE table), on
-        ``buffer_device`` (default: where they are now); what a model needs besides loaded weights."""
-        args = self.args
+        """Compute the buffers that no checkpoint holds, on ``buffer_device`` (default: where they are now): the RoPE
+        table, a function of the args, and MoE layers' token counts; what a model needs besides loaded weights."""
         device = buffer_device if buffer_device is not None else self.rope_cache.device
-        self.rope_cache = precompute_rope_cache(
-            args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling, device
-        )
+        self.rope_cache = self.rope_table(device)
+        with torch.no_grad():
+            for layer in self.layers.values():
+                if layer.moe is not None:
+                    # Counts since the last step, which start at zero (after to_empty they hold stale memory).
+                    layer.moe.tokens_per_expert.zero_()
+
+    def rope_table(self, device: torch.device | str) -> torch.Tensor:
+        """The RoPE table of this model's args on `device` (a family with another RoPE overrides it)."""
+        args = self.args
+        return precompute_rope_cache(args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling, device)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Transformer:
         # Converting parameters one module at a time (to_empty, and .to() across incompatible devices) gives the

@@ -28,11 +28,14 @@ _aten = torch.ops.aten
 
 # Ops whose outputs selective-by-op AC keeps, so backward recomputes only the cheap elementwise work between them.
 # The matmuls are the expensive part; attention is named once per backend because each device runs its own SDPA
-# op (a save list with only the CUDA kernels would silently recompute attention on CPU). Reduce-scatter outputs
-# are kept so that recomputation never repeats TP communication.
+# op (a save list with only the CUDA kernels would silently recompute attention on CPU). Reduce-scatter and
+# all-to-all outputs are kept so that recomputation never repeats TP or expert-parallel communication; the
+# experts' grouped matmuls are matmuls too.
 SAC_SAVE_OPS = frozenset(
     {
         _aten.mm.default,
+        _aten._grouped_mm.default,
+        torch.ops._c10d_functional.all_to_all_single.default,
         _aten._scaled_dot_product_flash_attention_for_cpu.default,
         _aten._scaled_dot_product_flash_attention.default,
         _aten._scaled_dot_product_efficient_attention.default,

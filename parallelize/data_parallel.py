@@ -19,6 +19,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from dtrain.models.decoder import decoder_layout
 from dtrain.parallelize.errors import ParallelismError
+from dtrain.parallelize.expert_parallel import shard_experts
 
 RESHARD_MODES = ("default", "always", "never")
 MIXED_PRECISION_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -45,12 +46,14 @@ def apply_fsdp(
     reduce_dtype: torch.dtype = torch.float32,
     reshard_after_forward: str = "default",
     cpu_offload: bool = False,
+    experts_mesh: DeviceMesh | None = None,
 ) -> None:
     """Shard a decoder with FSDP2 over `dp_mesh` (1-D: FSDP; 2-D (replicate, shard): HSDP), in place.
 
     ``param_dtype`` is the dtype parameters are gathered and computed in; ``reduce_dtype`` the dtype gradients are
     reduced in; the sharded master copy stays in the model's dtype. ``cpu_offload`` keeps sharded parameters,
-    gradients and optimizer state in host memory (the optimizer step then runs on the CPU).
+    gradients and optimizer state in host memory (the optimizer step then runs on the CPU). Under expert parallel,
+    the experts of every MoE layer are sharded over ``experts_mesh`` first (expert_parallel.py).
     """
     if reshard_after_forward not in RESHARD_MODES:
         raise ParallelismError(
@@ -72,6 +75,9 @@ def apply_fsdp(
     )
     if embedding is not None and not tied:
         fully_shard(embedding, reshard_after_forward=reshard_after_forward != "never", **settings)
+    if experts_mesh is not None:
+        expert_settings = dict(settings, mesh=experts_mesh, reshard_after_forward=reshard_after_forward != "never")
+        shard_experts(model, **expert_settings)
     blocks = decoder.blocks_of(model)
     names = list(blocks.keys())
     for name in names:

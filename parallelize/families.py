@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dtrain.parallelize.deepseek_v3 import DEEPSEEK_V3_SPEC
 from dtrain.parallelize.family_spec import FamilySpec
 from dtrain.parallelize.llama3 import LLAMA3_SPEC
 from dtrain.parallelize.qwen3 import QWEN3_SPEC
 
-FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (LLAMA3_SPEC, QWEN3_SPEC)}
+FAMILIES: dict[str, FamilySpec] = {spec.name: spec for spec in (LLAMA3_SPEC, QWEN3_SPEC, DEEPSEEK_V3_SPEC)}
 # model.name when a config gives none.
 DEFAULT_FAMILY = LLAMA3_SPEC.name
 

@@ -24,6 +24,8 @@ from dtrain.parallelize.tensor_parallel import TPPlan
 ExtraLoss = Callable[[list[nn.Module]], torch.Tensor | None]
 # Work on this rank's model parts after every optimizer step.
 OptimizerStepHook = Callable[[list[nn.Module]], None]
+# A family's own metrics of a step (0-dim tensors by name, read off the model parts without a host sync).
+StepMetrics = Callable[[list[nn.Module]], dict[str, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,10 @@ class FamilySpec:
       schedule runs apart.
     - ``after_optimizer_step(model_parts)``: called right after every optimizer step, before the gradients are
       cleared (e.g. DeepSeek-V3's loss-free load balancing, which moves each expert's routing bias by its load).
+    - ``step_metrics(model_parts)``: the family's metrics of the step just taken (e.g. MoE load imbalance), added
+      to the step's metrics: metrics.jsonl and TensorBoard record them at every logged step.
+    - ``extra_loss_enabled(args)``: whether a model of these args adds an extra loss at all (only then is it
+      refused under pipeline parallelism).
     """
 
     model: ModelFamily
@@ -55,6 +61,8 @@ class FamilySpec:
     tp_sizes: Callable[[Any], dict[str, int]]
     extra_loss: ExtraLoss | None = None
     after_optimizer_step: OptimizerStepHook | None = None
+    extra_loss_enabled: Callable[[Any], bool] = lambda args: True
+    step_metrics: StepMetrics | None = None
 
     @property
     def name(self) -> str:
@@ -63,11 +71,34 @@ class FamilySpec:
     def check_shapes(self, dims: ParallelDims, args: Any, seq_len: int) -> None:
         """A one-line ParallelismError when the degrees cannot split this model's shapes."""
         dims.check_tp_divides(self.tp_sizes(args), seq_len)
+        check_moe_layout(dims, args)
 
-    def check_hooks(self, dims: ParallelDims) -> None:
-        """A one-line ParallelismError when this layout cannot run the family's step hooks."""
-        if self.extra_loss is not None and dims.pp > 1:
+    def check_hooks(self, dims: ParallelDims, args: Any = None) -> None:
+        """A one-line ParallelismError when this layout cannot run the family's step hooks for a model of `args`
+        (None: any model of the family)."""
+        enabled = args is None or self.extra_loss_enabled(args)
+        if self.extra_loss is not None and enabled and dims.pp > 1:
             raise ParallelismError(
                 f"model family {self.name} adds an extra loss term, which pipeline parallelism does not support "
                 f"yet; set parallelism.pipeline_parallel_degree = 1 (got {dims.pp})"
             )
+
+
+def check_moe_layout(dims: ParallelDims, args: Any) -> None:
+    """Expert parallel needs MoE layers (``args.moe``, models/moe.py) whose experts it can split evenly; MoE layers
+    do not take tensor parallel yet."""
+    moe = getattr(args, "moe", None)
+    if dims.ep_enabled and moe is None:
+        raise ParallelismError(
+            f"parallelism.expert_parallel_degree={dims.ep} needs a model with MoE layers; this one has none "
+            "(valid: 1)"
+        )
+    if dims.ep_enabled and moe.num_experts % dims.ep:
+        raise ParallelismError(
+            f"parallelism.expert_parallel_degree={dims.ep} does not divide the model's {moe.num_experts} experts"
+        )
+    if moe is not None and dims.tp_enabled:
+        raise ParallelismError(
+            f"parallelism.tensor_parallel_degree={dims.tp} with MoE layers is not supported yet (valid: 1; shard "
+            "the experts with parallelism.expert_parallel_degree)"
+        )

@@ -14,7 +14,6 @@ float8 once, then gathered, for all of them).
 
 from __future__ import annotations
 
-import fnmatch
 import sys
 
 import torch.distributed as dist
@@ -23,16 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
 
-from dtrain.parallelize.tensor_parallel import TPPlan
-
-
-def modules_at(model: nn.Module, path: str) -> list[nn.Module]:
-    """The modules a plan path names (``*`` and other fnmatch patterns per dotted atom, as parallelize_module
-    matches them)."""
-    modules = [model]
-    for atom in path.split("."):
-        modules = [child for m in modules for name, child in m.named_children() if fnmatch.fnmatch(name, atom)]
-    return modules
+from dtrain.parallelize.tensor_parallel import TPPlan, modules_at
 
 
 def is_tensorwise_float8(module: nn.Module) -> bool:

@@ -2,7 +2,8 @@
 
 Order (torchtitan's, and each step depends on the previous ones):
 1. tensor (+ sequence, + loss) parallel: the plan below (torchao's float8 styles for float8 linears,
-   float8_tp.py); parameters become DTensors on the ``tp`` mesh;
+   float8_tp.py); parameters become DTensors on the ``tp`` mesh; then context parallel and expert parallel
+   (expert_parallel.py), which change what attention and the MoE layers exchange;
 2. activation checkpointing of blocks (wraps each block, so it must see the TP'd block);
 3. ``torch.compile`` per block (compiles the TP'd, checkpointed block as one graph);
 4. data parallel last: FSDP2 / HSDP (``fully_shard`` adds the ``dp`` dimension to the TP DTensors, and computes in
@@ -24,10 +25,12 @@ from dtrain.parallelize.compile import apply_compile, start_compile_trace
 from dtrain.parallelize.context_parallel import apply_cp
 from dtrain.parallelize.data_parallel import apply_ddp, apply_fsdp, parse_dtype
 from dtrain.parallelize.errors import ParallelismError
+from dtrain.parallelize.expert_parallel import apply_ep
 from dtrain.parallelize.family_spec import FamilySpec
 from dtrain.parallelize.float8_tp import float8_tp_plan
 from dtrain.parallelize.mesh import ParallelMesh, fsdp_mesh
 from dtrain.parallelize.mixed_precision import autocast_forward, reduce_ddp_gradients_in
+from dtrain.parallelize.moe_hooks import reduce_expert_loads_over
 from dtrain.parallelize.options import ParallelizeOptions
 from dtrain.parallelize.parallel_dims import ParallelDims
 from dtrain.parallelize.tensor_parallel import (
@@ -36,18 +39,28 @@ from dtrain.parallelize.tensor_parallel import (
     TPPlan,
     apply_tp,
     enable_async_tp,
+    resolve_plan,
 )
 
 
 def llama3_tp_plan(*, sequence_parallel: bool = True, loss_parallel: bool = True) -> TPPlan:
-    """Module path -> ParallelStyle for a Llama 3 model (Megatron layout).
+    """Module path -> ParallelStyle for a Llama 3 model (Megatron layout; ``decoder_tp_plan``): wq/wk/wv split by
+    output features, whole query and kv heads per rank."""
+    projections = {"wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel()}
+    return decoder_tp_plan(projections, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel)
 
-    In each block, wq/wk/wv and w1/w3 are split by output features (whole heads / hidden units per rank) and
-    wo/w2 by input features, so attention and the FFN need one reduction each. With sequence parallel, the
-    activations between those regions (norms, residual stream) are split along the sequence instead of
-    replicated: the reduction becomes a reduce-scatter and the next region starts with an all-gather, for the
+
+def decoder_tp_plan(attention: TPPlan, *, sequence_parallel: bool, loss_parallel: bool) -> TPPlan:
+    """The Megatron plan of the shared decoder around a family's attention styles (`attention`: paths below a
+    block's ``attention``, e.g. Llama's ``wq``; the output projection ``wo`` is added here).
+
+    In each block the attention's head projections and w1/w3 are split by output features (whole heads / hidden
+    units per rank) and wo/w2 by input features, so attention and the FFN need one reduction each. With sequence
+    parallel, the activations between those regions (norms, residual stream) are split along the sequence instead
+    of replicated: the reduction becomes a reduce-scatter and the next region starts with an all-gather, for the
     same traffic and 1/tp of the activation memory. The embedding is split by vocabulary rows and the head by
-    vocabulary columns; with loss parallel the logits stay vocab-sharded into the cross-entropy.
+    vocabulary columns; with loss parallel the logits stay vocab-sharded into the cross-entropy. Blocks without a
+    dense feed-forward (MoE) simply have no module at those paths (``resolve_plan``).
     """
     seq = Shard(1)
     act = seq if sequence_parallel else Replicate()
@@ -63,9 +76,7 @@ def llama3_tp_plan(*, sequence_parallel: bool = True, loss_parallel: bool = True
         "tok_embeddings": SyncOutputRowwiseParallel(input_layouts=Replicate(), output_layouts=act),
         "layers.*.attention_norm": norm_style(),
         **({"layers.*.attention": gather_attention_input} if sequence_parallel else {}),
-        "layers.*.attention.wq": ColwiseParallel(),
-        "layers.*.attention.wk": ColwiseParallel(),
-        "layers.*.attention.wv": ColwiseParallel(),
+        **{f"layers.*.attention.{path}": style for path, style in attention.items()},
         "layers.*.attention.wo": RowwiseParallel(output_layouts=act),
         "layers.*.ffn_norm": norm_style(),
         **({"layers.*.feed_forward": gather_ffn_input} if sequence_parallel else {}),
@@ -78,16 +89,6 @@ def llama3_tp_plan(*, sequence_parallel: bool = True, loss_parallel: bool = True
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
         ),
-    }
-
-
-def _present(plan: TPPlan, model: nn.Module) -> TPPlan:
-    """The plan's entries whose modules this model has: a pipeline stage lacks the parts other stages own."""
-    has_layers = len(model.layers) > 0
-    return {
-        path: style
-        for path, style in plan.items()
-        if (has_layers if path.startswith("layers.") else getattr(model, path.split(".")[0]) is not None)
     }
 
 
@@ -119,7 +120,7 @@ def parallelize_decoder(
         raise ParallelismError(f"a world of {dims.world_size} processes needs a device mesh (build_mesh)")
     if dims.tp_enabled:
         plan = tp_plan(sequence_parallel=dims.sequence_parallel_enabled, loss_parallel=dims.loss_parallel_enabled)
-        apply_tp(model, mesh["tp"], float8_tp_plan(_present(plan, model), model, mesh["tp"]))
+        apply_tp(model, mesh["tp"], float8_tp_plan(resolve_plan(plan, model), model, mesh["tp"]))
         if _is_tied(model):
             # Embedding rows and head columns are both Shard(0) of the same [vocab, dim] weight; the plan
             # distributed them separately, so make them one parameter again.
@@ -131,6 +132,11 @@ def parallelize_decoder(
         apply_cp(
             model.layers, mesh["cp"], options.cp_load_balancer, options.cp_rotate_method, options.cp_attention_path
         )
+    if dims.ep_enabled:
+        # Before AC and compile too: recomputation and compiled blocks then include the token exchange.
+        apply_ep(model, mesh["ep"])
+    if mesh is not None:
+        reduce_expert_loads_over(model, mesh["dp_cp"])
     apply_ac(model.layers, options.ac_mode, options.selective_ac_option)
     if options.ac_mode == "memory_budget":
         set_memory_budget(options.memory_budget)
@@ -148,6 +154,7 @@ def parallelize_decoder(
             reduce_dtype=reduce_dtype,
             reshard_after_forward=options.reshard_after_forward,
             cpu_offload=options.cpu_offload,
+            experts_mesh=mesh["efsdp"] if dims.ep_enabled else None,
         )
         return model
     # Without FSDP's policy, the forward computes in the run's dtype under autocast (mixed_precision.py).

@@ -12,6 +12,8 @@ mesh):
   gradients on different tokens of the same sequences, so they reduce gradients like data-parallel ranks, and
   sharding over them too costs nothing extra.
 FSDP shards over ``dp_shard_cp`` (HSDP: the 2-D ``(dp_replicate, dp_shard_cp)``).
+With expert parallel, ``dp_shard_cp`` is also seen as ``experts`` = ``(efsdp, ep)``: the experts are split over
+``ep`` and each expert's weights FSDP-sharded over ``efsdp`` (expert_parallel.py).
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ def build_mesh(dims: ParallelDims, device_type: str) -> ParallelMesh | None:
         )
     else:
         views["hsdp"] = world["dp_replicate", "dp_shard"]
+    if dims.ep_enabled:
+        # Expert parallel borrows ep of the dp_shard × cp ranks (consecutive ones, so that an all-to-all stays
+        # within the closest ranks); expert weights are FSDP-sharded over the rest ("efsdp").
+        experts = views["dp_shard_cp"]._unflatten(0, (dims.efsdp, dims.ep), ("efsdp", "ep"))
+        views.update(experts=experts, ep=experts["ep"], efsdp=experts["efsdp"])
     return ParallelMesh(world=world, views=views)
 
 

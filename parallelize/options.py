@@ -63,3 +63,12 @@ class ParallelizeOptions:
                 f"{self.attention_mask!r} all-gathers keys and values (valid: allgather)"
             )
         check_async_tp(self.async_tp, tp=dims.tp, device_type=self.device_type, compile_model=self.compile_model)
+        if dims.ep_enabled and self.ac_mode == "selective" and self.selective_ac_option == "op":
+            # The experts are an FSDP unit inside each checkpointed block; torch's op-level checkpointing replays
+            # the block's ops by index, and the nested unit's gathers do not repeat in the recomputation
+            # ("invocation index ... not found in storage", torch 2.13).
+            raise ParallelismError(
+                f"activation_checkpoint.selective_ac_option='op' with parallelism.expert_parallel_degree={dims.ep} "
+                "is not supported (valid: activation_checkpoint.mode = full, or selective_ac_option = a block "
+                "interval)"
+            )

@@ -20,7 +20,6 @@ CONFIG_KEYS = {
     "cp": "parallelism.context_parallel_degree",
     "ep": "parallelism.expert_parallel_degree",
 }
-_NOT_IMPLEMENTED = ("ep",)
 
 
 def _divisors(n: int) -> list[int]:
@@ -59,9 +58,6 @@ class ParallelDims:
             if value < 1 and not (name == "dp_shard" and value == -1):
                 valid = "-1 or a positive integer" if name == "dp_shard" else "a positive integer"
                 raise ParallelismError(f"{CONFIG_KEYS[name]}={value} is invalid (valid: {valid})")
-        for name in _NOT_IMPLEMENTED:
-            if getattr(self, name) > 1:
-                raise ParallelismError(f"{CONFIG_KEYS[name]}={getattr(self, name)} is not implemented yet (valid: 1)")
         others = self.dp_replicate * self.tp * self.pp * self.cp
         if self.dp_shard == -1:
             if self.world_size % others:
@@ -75,6 +71,24 @@ class ParallelDims:
                 f"{self._describe()} is not the world size {self.world_size}; "
                 f"set {CONFIG_KEYS['dp_shard']}=-1 to use what the other degrees leave"
             )
+        if self.ep > 1:
+            self._check_ep()
+
+    def _check_ep(self) -> None:
+        """Expert parallel borrows its ranks from the FSDP ranks (dp_shard × cp), as torchtitan's does: each of
+        those ranks holds 1/ep of the experts, and experts are FSDP-sharded over what is left."""
+        shard_ranks = self.dp_shard * self.cp
+        if shard_ranks % self.ep:
+            raise ParallelismError(
+                f"{CONFIG_KEYS['ep']}={self.ep} does not divide {CONFIG_KEYS['dp_shard']} × {CONFIG_KEYS['cp']} = "
+                f"{shard_ranks}, the ranks expert parallel borrows (valid: {_valid_list(_divisors(shard_ranks))})"
+            )
+        for name in ("dp_replicate", "tp"):
+            if getattr(self, name) > 1:
+                raise ParallelismError(
+                    f"{CONFIG_KEYS['ep']}={self.ep} with {CONFIG_KEYS[name]}={getattr(self, name)} is not "
+                    f"supported yet (valid: {CONFIG_KEYS[name]}=1 with expert parallel)"
+                )
 
     def _describe(self, exclude: str = "") -> str:
         """`key=value × key=value = product` over the degrees above 1 that make up the world size."""
@@ -114,6 +128,15 @@ class ParallelDims:
     @property
     def ddp_enabled(self) -> bool:
         return self.dp_replicate > 1 and not self.fsdp_enabled
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
+
+    @property
+    def efsdp(self) -> int:
+        """The ranks each expert's weights are FSDP-sharded over: dp_shard × cp less the expert-parallel ranks."""
+        return self.dp_shard * self.cp // self.ep
 
     @property
     def sequence_parallel_enabled(self) -> bool:

@@ -15,6 +15,7 @@ schedules, whatever the stages were wrapped with.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -34,6 +35,7 @@ from torch.distributed.pipelining import (
 from torch.distributed.tensor import DTensor
 
 from dtrain.parallelize.errors import ParallelismError
+from dtrain.parallelize.grad_norm import total_grad_norm
 from dtrain.parallelize.pipeline_plan import SINGLE_STAGE_SCHEDULES, PipelinePlan
 from dtrain.parallelize.pipeline_split import StageModule
 from dtrain.parallelize.torch_compat import PipelineStageWithoutSelfP2P, clip_grads_with_norm_
@@ -127,6 +129,36 @@ def keep_parameters_gathered(stages: list[StageModule]) -> None:
                 module.set_reshard_after_forward(False)
 
 
+class StatelessInferenceStage(PipelineStageWithoutSelfP2P):
+    """A pipeline stage whose shape inference leaves the stage's buffers as they were.
+
+    Before its first step a stage learns its input and output shapes by running its module once, on the first
+    microbatch (first stage) or on empty tensors of the received shapes (torch 2.13's ``_forward_metadata_inference``,
+    torch 2.11's ``_shape_inference``). A module that keeps statistics in buffers would count that run as
+    training: an MoE layer's token counts (models/moe.py), which then move its loss-free balancing bias otherwise
+    than one process would. The buffers are restored after the inference run.
+    """
+
+    def _forward_metadata_inference(self, *args, **kwargs):
+        with _buffers_restored(self.submod):
+            return super()._forward_metadata_inference(*args, **kwargs)
+
+    def _shape_inference(self, *args, **kwargs):
+        with _buffers_restored(self.submod):
+            return super()._shape_inference(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _buffers_restored(module: nn.Module):
+    saved = [(buffer, buffer.detach().clone()) for buffer in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+
+
 def build_pipeline(
     plan: PipelinePlan,
     stages: list[StageModule],
@@ -148,7 +180,7 @@ def build_pipeline(
     if plan.split_backward:
         keep_parameters_gathered(stages)
     pipeline_stages = [
-        PipelineStageWithoutSelfP2P(stage.module, stage.index, plan.num_stages, device, group=pp_group)
+        StatelessInferenceStage(stage.module, stage.index, plan.num_stages, device, group=pp_group)
         for stage in stages
     ]
     loss = ScaledLoss(loss_fn)
@@ -172,7 +204,7 @@ def clip_grad_norm_across_stages(
     ranks, so every rank computes (and clips with) the same total as a single process would.
     """
     grads = [p.grad for p in parameters if p.grad is not None]
-    local_norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    local_norm = total_grad_norm(grads)
     if isinstance(local_norm, DTensor):
         local_norm = local_norm.full_tensor()  # the norm over the data/tensor-parallel shards of these stages
     squared = local_norm**2

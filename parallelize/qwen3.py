@@ -15,6 +15,7 @@ from dtrain.models.qwen3 import QWEN3
 from dtrain.parallelize.family_spec import FamilySpec
 from dtrain.parallelize.llama3 import llama3_tp_plan, llama3_tp_sizes, parallelize_decoder
 from dtrain.parallelize.mesh import ParallelMesh
+from dtrain.parallelize.moe_hooks import MOE_STEP_HOOKS
 from dtrain.parallelize.options import ParallelizeOptions
 from dtrain.parallelize.parallel_dims import ParallelDims
 from dtrain.parallelize.tensor_parallel import TPPlan
@@ -37,4 +38,11 @@ def parallelize_qwen3(
     return parallelize_decoder(model, mesh, dims, options, qwen3_tp_plan)
 
 
-QWEN3_SPEC = FamilySpec(model=QWEN3, parallelize=parallelize_qwen3, tp_plan=qwen3_tp_plan, tp_sizes=llama3_tp_sizes)
+QWEN3_SPEC = FamilySpec(
+    model=QWEN3,
+    parallelize=parallelize_qwen3,
+    tp_plan=qwen3_tp_plan,
+    tp_sizes=llama3_tp_sizes,
+    # Qwen3-MoE flavors: their layers' load-balancing losses, load statistics, and loss-free bias when configured.
+    **MOE_STEP_HOOKS,
+)

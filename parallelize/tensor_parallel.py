@@ -8,6 +8,7 @@ torch ``ParallelStyle``. ``apply_tp`` hands it to ``parallelize_module``; ``form
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
 import warnings
 from typing import Callable, ContextManager
@@ -76,6 +77,37 @@ class ReplicateParallel(ParallelStyle):
 
     def __repr__(self) -> str:
         return "ReplicateParallel()"
+
+
+def modules_at(model: nn.Module, path: str) -> list[nn.Module]:
+    """The modules a plan path names (``*`` and other fnmatch patterns per dotted atom, as parallelize_module
+    matches them)."""
+    modules = [model]
+    for atom in path.split("."):
+        modules = [child for m in modules for name, child in m.named_children() if fnmatch.fnmatch(name, atom)]
+    return modules
+
+
+def resolve_plan(plan: TPPlan, model: nn.Module) -> TPPlan:
+    """`plan` with only the modules `model` (or this pipeline stage) has. A block path (``layers.*.x``) stays a
+    wildcard where every block has the module and is spelled out per block where only some do
+    (``layers.0.feed_forward`` when the others are MoE blocks): torch's parallelize_module would skip the others
+    with a warning that prints each whole block. A stage without blocks, or without the embedding or head, drops
+    those entries."""
+    resolved: TPPlan = {}
+    for path, style in plan.items():
+        head, _, rest = path.partition(".*.")
+        if not rest:
+            if modules_at(model, path):
+                resolved[path] = style
+            continue
+        blocks = dict(getattr(model, head).named_children())
+        holders = [name for name, block in blocks.items() if modules_at(block, rest)]
+        if holders and len(holders) == len(blocks):
+            resolved[path] = style
+        else:
+            resolved.update({f"{head}.{name}.{rest}": style for name in holders})
+    return resolved
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan: TPPlan) -> None:

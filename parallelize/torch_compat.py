@@ -66,6 +66,11 @@ def clip_grads_with_norm_(parameters: list[nn.Parameter], max_norm: float, total
     """
     partial = [p for p in parameters if p.grad is not None and _is_partial(p.grad)]
     others = [p for p in parameters if p.grad is not None and not _is_partial(p.grad)]
-    torch.nn.utils.clip_grads_with_norm_(others, max_norm, total_norm, foreach=True)
+    # One foreach kernel per mesh: a foreach op over DTensors takes one mesh (expert parallel's experts have theirs).
+    by_mesh: dict = {}
+    for p in others:
+        by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    for group in by_mesh.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total_norm, foreach=True)
     if partial:
         torch.nn.utils.clip_grads_with_norm_(partial, max_norm, total_norm, foreach=False)

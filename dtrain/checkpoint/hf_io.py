@@ -68,18 +68,19 @@ def _open_all(files: set[Path]) -> Iterator[dict[Path, Any]]:
 
 
 def iter_hf_weights(path: Path, adapter, fqns: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(our FQN, full tensor in our layout) for each of `fqns`, read from the HF checkpoint at `path`."""
+    """(our FQN, full tensor in our layout) for each of `fqns`, read from the HF checkpoint at `path` (from one HF
+    tensor, or from several that the adapter stacks: a MoE layer's experts)."""
     index = safetensors_index(path)
-    missing = [fqn for fqn in fqns if adapter.hf_name(fqn) not in index]
+    names = {fqn: adapter.hf_names(fqn) for fqn in fqns}
+    missing = [(fqn, name) for fqn in fqns for name in names[fqn] if name not in index]
     if missing:
         raise DtrainError(
-            f"Hugging Face checkpoint {path} lacks {adapter.hf_name(missing[0])} (for {missing[0]})"
+            f"Hugging Face checkpoint {path} lacks {missing[0][1]} (for {missing[0][0]})"
             + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
         )
-    with _open_all({index[adapter.hf_name(f)] for f in fqns}) as handles:
+    with _open_all({index[name] for fqn in fqns for name in names[fqn]}) as handles:
         for fqn in fqns:
-            name = adapter.hf_name(fqn)
-            yield fqn, adapter.from_hf(fqn, handles[index[name]].get_tensor(name))
+            yield fqn, adapter.from_hf(fqn, *(handles[index[name]].get_tensor(name) for name in names[fqn]))
 
 
 def load_hf_weights(model_parts: list[nn.Module], path: Path, adapter) -> None:
@@ -95,8 +96,10 @@ def load_hf_weights(model_parts: list[nn.Module], path: Path, adapter) -> None:
     for fqn, full in iter_hf_weights(path, adapter, list(targets)):
         target = targets[fqn]
         if tuple(full.shape) != tuple(target.shape):
+            names = adapter.hf_names(fqn)
+            source = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} (stacked)"
             raise DtrainError(
-                f"Hugging Face checkpoint {path}: {adapter.hf_name(fqn)} has shape {list(full.shape)}, "
+                f"Hugging Face checkpoint {path}: {source} has shape {list(full.shape)}, "
                 f"this model's {fqn} has {list(target.shape)}"
             )
         loaded[fqn] = place_like(full, target)
@@ -113,17 +116,14 @@ def save_hf(
     shards: list[dict[str, torch.Tensor]] = [{}]
     shard_bytes = 0
     for fqn, tensor in weights.items():
-        converted = adapter.to_hf(fqn, tensor)
-        if converted is None:
-            continue
-        name, hf_tensor = converted
-        hf_tensor = hf_tensor.to(dtype).contiguous()
-        size = hf_tensor.numel() * hf_tensor.element_size()
-        if shards[-1] and shard_bytes + size > max_shard_bytes:
-            shards.append({})
-            shard_bytes = 0
-        shards[-1][name] = hf_tensor
-        shard_bytes += size
+        for name, hf_tensor in adapter.to_hf_tensors(fqn, tensor):
+            hf_tensor = hf_tensor.to(dtype).contiguous()
+            size = hf_tensor.numel() * hf_tensor.element_size()
+            if shards[-1] and shard_bytes + size > max_shard_bytes:
+                shards.append({})
+                shard_bytes = 0
+            shards[-1][name] = hf_tensor
+            shard_bytes += size
     if len(shards) == 1:
         names = ["model.safetensors"]
     else:

@@ -198,7 +198,12 @@ class Parallelism:
         "mask): allgather or alltoall; elsewhere dtrain all-gathers them, and alltoall is refused.",
         choices=("allgather", "alltoall"),
     )
-    expert_parallel_degree: int = opt(1, "Expert parallel degree (MoE models).", minimum=1)
+    expert_parallel_degree: int = opt(
+        1,
+        "Expert parallel degree (MoE models): each MoE layer's experts are split over this many of the "
+        "data_parallel_shard_degree × context_parallel_degree ranks, which it must divide.",
+        minimum=1,
+    )
 
 
 @dataclass

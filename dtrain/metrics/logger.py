@@ -71,6 +71,9 @@ def _number(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+MOE_IMBALANCE = "moe/load_imbalance_max"
+
+
 def format_line(record: Mapping[str, Any], total_steps: int) -> str:
     """The one console line of a logged step."""
     mfu = record["mfu"]
@@ -85,6 +88,8 @@ def format_line(record: Mapping[str, Any], total_steps: int) -> str:
             f"mfu {'-' if mfu is None else f'{mfu:.2f}%'}",
             f"mem {record['memory_gib']:.2f}GiB",
             f"eta {format_duration(record['eta_s'])}",
+            # MoE models: the busiest expert's load over the mean, in the worst layer (per layer in the files).
+            *([f"moe_imbalance {record[MOE_IMBALANCE]:.2f}"] if MOE_IMBALANCE in record else []),
         )
     )
 

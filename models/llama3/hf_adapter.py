@@ -99,6 +99,21 @@ def _scaling_from(rope: dict[str, Any]) -> RopeScaling | None:
     )
 
 
+def check_hf_config_fields(adapter, config: dict[str, Any], checked: tuple[str, ...]) -> None:
+    """ValueError naming the first of the `checked` args fields in which a HF config.json differs from the
+    `adapter`'s model (one whose class reads config.json with ``args_from_hf_config``)."""
+    try:
+        theirs = adapter.args_from_hf_config(config)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"is not a {adapter.family} config ({type(err).__name__}: {err})") from None
+    ours = adapter.args
+    # max_seq_len is ours to choose per run; it changes no weight and no result within the trained length.
+    theirs = replace(theirs, max_seq_len=ours.max_seq_len)
+    for name in checked:
+        if getattr(theirs, name) != getattr(ours, name):
+            raise ValueError(f"has {name} = {getattr(theirs, name)}, this model has {getattr(ours, name)}")
+
+
 class Llama3HFAdapter:
     """Converts one tensor at a time between our Llama 3 FQNs and LlamaForCausalLM's safetensors names.
 
@@ -109,6 +124,8 @@ class Llama3HFAdapter:
     family = "llama3"
     # What a config.json of this family says in "architectures" / "model_type".
     HF_ARCHITECTURE, HF_MODEL_TYPE = "LlamaForCausalLM", "llama"
+    # Other (architecture, model_type) pairs whose config.json args_from_hf_config reads (Qwen3's: Qwen3-MoE's).
+    HF_OTHER_KINDS: tuple[tuple[str, str], ...] = ()
     args_from_hf_config = staticmethod(llama3_args_from_hf_config)
     IN_BLOCK = _IN_BLOCK
     CHECKED_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_hidden_dim", "head_dim",
@@ -127,6 +144,11 @@ class Llama3HFAdapter:
         if match and match.group(2) in self.IN_BLOCK:
             return f"model.layers.{match.group(1)}.{self.IN_BLOCK[match.group(2)]}"
         raise ValueError(f"no Hugging Face name for {self.family} parameter {fqn!r}")
+
+    def hf_names(self, fqn: str) -> list[str]:
+        """Every HF tensor our `fqn` is read from, in order, all of which `from_hf` takes: one here; a family that
+        stacks several into one tensor (a MoE layer's experts) lists them all."""
+        return [self.hf_name(fqn)]
 
     def _heads(self, fqn: str) -> int | None:
         """How many heads' features `fqn` lays out in RoPE's order (reordered between ours and HF's), if any.
@@ -152,6 +174,12 @@ class Llama3HFAdapter:
         if fqn == "output.weight" and self.args.tie_word_embeddings:
             return None
         return self.hf_name(fqn), self._reorder(fqn, tensor, pairs_to_halves)
+
+    def to_hf_tensors(self, fqn: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """Every (HF name, tensor in HF's layout) our `fqn` is written as: one, none for a tied head, and one per
+        expert where a family stacks experts."""
+        converted = self.to_hf(fqn, tensor)
+        return [] if converted is None else [converted]
 
     def from_hf(self, fqn: str, tensor: torch.Tensor) -> torch.Tensor:
         """HF's tensor for our `fqn` (read from `hf_name(fqn)`) in our layout."""
@@ -202,13 +230,4 @@ class Llama3HFAdapter:
 
     def check_hf_config(self, config: dict[str, Any]) -> None:
         """ValueError naming the first setting in which a HF config.json differs from this model."""
-        try:
-            theirs = self.args_from_hf_config(config)
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"is not a {self.family} config ({type(err).__name__}: {err})") from None
-        ours = self.args
-        # max_seq_len is ours to choose per run; it changes no weight and no result within the trained length.
-        theirs = replace(theirs, max_seq_len=ours.max_seq_len)
-        for name in self.CHECKED_FIELDS:
-            if getattr(theirs, name) != getattr(ours, name):
-                raise ValueError(f"has {name} = {getattr(theirs, name)}, this model has {getattr(ours, name)}")
+        check_hf_config_fields(self, config, self.CHECKED_FIELDS)

@@ -1,4 +1,5 @@
-"""The Qwen3 (dense) transformer: the shared pre-norm decoder (models/transformer.py) with QK-norm."""
+"""The Qwen3 transformer: the shared pre-norm decoder (models/transformer.py) with QK-norm; with experts in the
+args (``Qwen3Args.moe``), every block's feed-forward is a routed mixture of experts (Qwen3-MoE)."""
 
 from __future__ import annotations
 

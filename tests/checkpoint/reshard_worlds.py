@@ -34,14 +34,14 @@ STEPS, SAVED_STEP = 6, 4
 FAMILIES = tuple(FAMILY_ARGS)
 
 
-def layout_state(cfg, degrees: dict, world_size: int, global_batch: int):
-    """The TrainState of cfg.model.name's tiny model laid out by `degrees` (ParallelDims names), on `global_batch`
-    sequences."""
+def layout_state(cfg, degrees: dict, world_size: int, global_batch: int, model_args=None):
+    """The TrainState of cfg.model.name's tiny model (or its model of `model_args`) laid out by `degrees`
+    (ParallelDims names), on `global_batch` sequences."""
     dims = ParallelDims(world_size, **degrees)
     mesh = build_mesh(dims, "cpu")
     family = get_family(cfg.model.name)
     with torch.device("meta"):
-        model = tiny_model(cfg.model.name)
+        model = tiny_model(cfg.model.name) if model_args is None else family.model.model_cls(model_args)
     reference = copy.deepcopy(model)
     family.parallelize(model, mesh, dims, ParallelizeOptions())
     model.to_empty(device="cpu")
@@ -50,6 +50,7 @@ def layout_state(cfg, degrees: dict, world_size: int, global_batch: int):
     cfg.training.local_batch_size = global_batch // layout.rank.dp_size
     cfg.parallelism.data_parallel_shard_degree = dims.dp_shard
     cfg.parallelism.tensor_parallel_degree = dims.tp
+    cfg.parallelism.expert_parallel_degree = dims.ep
     executor = build_step_executor(family, layout, [StageModule(0, model)], cross_entropy_sum, torch.device("cpu"))
     return tiny_state(cfg, model=model, rank=layout.rank, executor=executor)
 

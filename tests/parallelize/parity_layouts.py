@@ -50,12 +50,31 @@ from dtrain.step_executor import build_step_executor
 ARGS = Llama3Args(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=32, ffn_dim_multiplier=None, max_seq_len=16
 )
+QWEN3_TINY = Qwen3Args(
+    dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24, hidden_dim=96, vocab_size=256, max_seq_len=16
+)
 # Every family's tiny model, on the same data (Qwen3's head_dim is not dim / n_heads, as in the real ones).
 FAMILY_ARGS = {
     "llama3": ARGS,
-    "qwen3": Qwen3Args(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24, hidden_dim=96, vocab_size=256,
-                       max_seq_len=16),
+    "qwen3": QWEN3_TINY,
+    # Qwen3-MoE: 8 experts, 2 per token, with its auxiliary load-balancing loss, or with loss-free balancing
+    # instead. The auxiliary loss of a microbatch depends on which tokens it holds, so layouts that split the
+    # batch otherwise than one process's microbatches (more ranks, CP) use the loss-free model.
+    "qwen3_moe": replace(QWEN3_TINY, moe_num_experts=8, moe_top_k=2, moe_hidden_dim=32, moe_aux_loss_coeff=0.01),
+    "qwen3_moe_bias": replace(
+        QWEN3_TINY, moe_num_experts=8, moe_top_k=2, moe_hidden_dim=32, moe_aux_loss_coeff=0.0,
+        moe_load_balance_bias=True,
+    ),
 }
+# Tiny models of a family that are not its default tiny model, by the family they belong to.
+MODEL_FAMILY = {"qwen3_moe": "qwen3", "qwen3_moe_bias": "qwen3"}
+
+
+def family_spec(model: str):
+    """The FamilySpec of a FAMILY_ARGS key (a family's name, or one of MODEL_FAMILY's models)."""
+    return get_family(MODEL_FAMILY.get(model, model))
+
+
 STEPS = 10
 GLOBAL_BATCH = 8
 SEQ_LEN = 16
@@ -224,7 +243,7 @@ def new_state(
     optimizer = build_optimizers(parts, Optimizer(lr=1e-2), torch.device("cpu"))
     scheduler = build_lr_scheduler(optimizer, STEPS, LRScheduler(warmup_steps=2))
     executor = build_step_executor(
-        get_family(family), layout, stages, cross_entropy_sum, torch.device("cpu"),
+        family_spec(family), layout, stages, cross_entropy_sum, torch.device("cpu"),
         converter.optimizer_step_hook if converter else None,
     )
     return TrainState(
@@ -269,7 +288,7 @@ def single_process_run(
     """
     converter = low_precision(float8, mx, ParallelDims(1))
     with torch.device("meta"):
-        model = get_family(family).model.model_cls(args)
+        model = family_spec(family).model.model_cls(args)
     if converter is not None:
         converter.convert(model)
     model.to_empty(device="cpu")
@@ -283,7 +302,7 @@ def single_process_run(
 
 def mesh_for(dims: ParallelDims, meshes: dict) -> ParallelMesh:
     """The world's mesh for `dims`, built once per shape in a world (every build creates process groups)."""
-    key = (dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp)
+    key = (dims.pp, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp, dims.ep)
     if key not in meshes:
         meshes[key] = build_mesh(dims, "cpu")
     return meshes[key]
@@ -299,7 +318,7 @@ def build_parallel_model(
 ) -> torch.nn.Module:
     """A whole model as the trainer builds it: on meta, (float8-converted,) parallelized, materialized, with the
     single-device init."""
-    spec = get_family(family)
+    spec = family_spec(family)
     with torch.device("meta"):
         model = spec.model.model_cls(args)
     if converter is not None:
@@ -313,7 +332,7 @@ def build_parallel_model(
 
 WATCHED_PARAMS = (
     "tok_embeddings.weight", "layers.0.attention.wq.weight", "layers.0.attention.q_norm.weight", "norm.weight",
-    "output.weight",
+    "output.weight", "layers.0.moe.experts.w1",
 )
 
 

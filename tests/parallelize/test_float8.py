@@ -107,7 +107,8 @@ def float8_blocks(recipe: str = "tensorwise", filter_fqns: tuple[str, ...] = ())
 
 
 def chosen_styles(model: nn.Module, plan: dict, float8_collectives: bool) -> dict[str, str]:
-    from dtrain.parallelize.float8_tp import float8_style, modules_at
+    from dtrain.parallelize.float8_tp import float8_style
+    from dtrain.parallelize.tensor_parallel import modules_at
 
     return {
         path: type(float8_style(style, modules_at(model, path), float8_collectives)).__name__

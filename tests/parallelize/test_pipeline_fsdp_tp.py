@@ -26,6 +26,10 @@ LAYOUTS = [
     PipelineLayout("cp_zbv_zero_bubble", "ZBVZeroBubble", cp=2, microbatch_size=1),
     PipelineLayout("qwen3_cp_interleaved_1f1b", "Interleaved1F1B", cp=2, microbatch_size=2, family="qwen3"),
     PipelineLayout("cp_1f1b_block_causal", "1F1B", cp=2, microbatch_size=2, attention_mask="block_causal"),
+    # Qwen3-MoE (loss-free balancing: an auxiliary loss would span stages) with its experts over 2 ranks.
+    PipelineLayout("moe_ep2_1f1b", "1F1B", dp_shard=2, ep=2, microbatch_size=2, family="qwen3_moe_bias"),
+    PipelineLayout("moe_ep2_zbv_zero_bubble", "ZBVZeroBubble", dp_shard=2, ep=2, microbatch_size=1,
+                   family="qwen3_moe_bias"),
 ]
 
 

@@ -23,7 +23,6 @@ from dist_harness import run_world
 from dtrain.parallelize import (
     ParallelDims,
     ParallelizeOptions,
-    get_family,
     init_weights_like_single_device,
     model_fqn,
     pipeline_schedule,
@@ -41,6 +40,7 @@ from parity_layouts import (
     GLOBAL_BATCH,
     SEED,
     STEPS,
+    family_spec,
     float8_training,
     max_relative_diff,
     mesh_for,
@@ -67,6 +67,7 @@ class PipelineLayout:
     dp_shard: int = 1
     tp: int = 1
     cp: int = 1
+    ep: int = 1
     microbatch_size: int = 2
     accumulation: int = 1
     layers_per_stage: int | None = None
@@ -153,10 +154,10 @@ def pipelined_state(layout: PipelineLayout, world_size: int, meshes: dict) -> tu
     set) and the world's mesh."""
     dims = ParallelDims(
         world_size, pp=world_size // (layout.dp_shard * layout.tp * layout.cp), dp_shard=layout.dp_shard,
-        tp=layout.tp, cp=layout.cp,
+        tp=layout.tp, cp=layout.cp, ep=layout.ep,
     )
     mesh = mesh_for(dims, meshes)
-    spec, args = get_family(layout.family), PIPELINE_ARGS[layout.family]
+    spec, args = family_spec(layout.family), PIPELINE_ARGS[layout.family]
     plan = plan_pipeline(
         pp=dims.pp, schedule=layout.schedule, decoder=spec.model.model_cls.decoder_layout, n_layers=args.n_layers,
         local_batch_size=GLOBAL_BATCH // (dims.dp_size * layout.accumulation), microbatch_size=layout.microbatch_size,

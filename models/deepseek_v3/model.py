@@ -1,0 +1,136 @@
+"""The DeepSeek-V3 transformer in plain single-device PyTorch: multi-head latent attention (MLA) and a
+mixture-of-experts feed-forward after the first dense blocks.
+
+Parameter names (FQNs) are torchtitan's, so checkpoints move between the two projects: ``tok_embeddings``;
+``layers.N.attention.{wq | wq_a, q_norm, wq_b}, wkv_a, kv_norm, wkv_b, wo``; ``layers.N.feed_forward.{w1,w2,w3}``
+(dense blocks) or ``layers.N.moe.*`` (models/moe.py); ``layers.N.attention_norm``, ``layers.N.ffn_norm``;
+``norm``; ``output``.
+
+It keeps the decoder protocol (``dtrain.models.decoder``) and the attention seam (``dtrain.models.attention``) of
+the shared decoder (models/transformer.py), so that the shared parallelize code treats its blocks like the others:
+a block and its attention take ``(x, rope_cache, positions, document_ids=None)``, attention derives its number
+of heads from the projected tensors (tensor parallel leaves each rank a share of them), and the inner attention
+receives whole per-head queries, keys and values (MLA's keys and values are per head: no grouping).
+
+Two things adapt MLA to that seam:
+- values have ``v_head_dim`` features, queries and keys ``qk_head_dim``; the values are zero-padded to
+  ``qk_head_dim`` and the padding dropped from the output, so that every inner attention (flash kernels, the KV
+  cache, context parallel) sees one head size. Exact, at ``qk/v`` times the value traffic (1.5x for the flavors);
+- the softmax scale is ``mscale**2 / sqrt(qk_head_dim)`` under YaRN (yarn.py); the queries are multiplied by
+  ``mscale**2`` so that the inner attention's default ``1 / sqrt(head_dim)`` gives it.
+
+Initialisation follows the shared decoder's (models/transformer.py): truncated normals, std 0.02 for the input
+projections and the embedding, ``0.02 / sqrt(2 (layer_id + 1))`` for what writes into the residual stream (wo, the
+FFN's w2/w3, the experts' w2/w3 and the shared experts'), ``dim ** -0.5`` for the head; norms ones.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import CausalSDPA
+from ..rope import apply_rotary_emb, sequence_positions
+from ..transformer import BASE_INIT_STD, RMSNorm, Transformer, TransformerBlock, _trunc_normal_
+from .args import DeepSeekV3Args
+from .yarn import precompute_yarn_rope_cache, softmax_scale_factor
+
+
+# DeepSeek's reference and Hugging Face's DeepseekV3 give the two latent norms (q_norm, kv_norm) RMSNorm's default
+# eps whatever the config's rms_norm_eps, which only the block norms and the final norm take.
+LATENT_NORM_EPS = 1e-6
+
+
+class SharedRopeKey(nn.Identity):
+    """Where the rotated key, one per token and shared by all heads, enters the per-head computation.
+
+    An identity here. Under tensor parallel each rank uses it for its own heads only, so its gradient is a partial
+    sum over the ranks; the plan (parallelize/deepseek_v3.py) attaches the all-reduce to this module.
+    """
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """MLA: queries (directly, or through a normed low-rank latent) and a normed per-token kv latent projected up to
+    every head's key and value; RoPE on the last ``qk_rope_head_dim`` features of each query head and on one key
+    part shared by all heads; then the inner attention and the output projection."""
+
+    def __init__(self, args: DeepSeekV3Args) -> None:
+        super().__init__()
+        self.qk_nope_head_dim, self.qk_rope_head_dim = args.qk_nope_head_dim, args.qk_rope_head_dim
+        self.qk_head_dim, self.v_head_dim = args.qk_head_dim, args.v_head_dim
+        self.kv_lora_rank = args.kv_lora_rank
+        q_out = args.n_heads * args.qk_head_dim
+        if args.q_lora_rank == 0:
+            self.wq = nn.Linear(args.dim, q_out, bias=False)
+        else:
+            self.wq_a = nn.Linear(args.dim, args.q_lora_rank, bias=False)
+            self.q_norm = RMSNorm(args.q_lora_rank, eps=LATENT_NORM_EPS)
+            self.wq_b = nn.Linear(args.q_lora_rank, q_out, bias=False)
+        self.wkv_a = nn.Linear(args.dim, args.kv_lora_rank + args.qk_rope_head_dim, bias=False)
+        self.kv_norm = RMSNorm(args.kv_lora_rank, eps=LATENT_NORM_EPS)
+        self.wkv_b = nn.Linear(args.kv_lora_rank, args.n_heads * (args.qk_nope_head_dim + args.v_head_dim), bias=False)
+        self.wo = nn.Linear(args.n_heads * args.v_head_dim, args.dim, bias=False)
+        self.shared_rope_key = SharedRopeKey()
+        self.inner_attention = CausalSDPA()
+        self.query_scale = softmax_scale_factor(args.rope_scaling)
+
+    @property
+    def low_rank_query(self) -> bool:
+        return hasattr(self, "wq_a")
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope_cache: torch.Tensor,
+        positions: torch.Tensor | None,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        if positions is None:
+            positions = sequence_positions(seqlen, rope_cache)
+        q = self.wq_b(self.q_norm(self.wq_a(x))) if self.low_rank_query else self.wq(x)
+        # -1, not n_heads: under tensor parallelism this rank's projections hold only its share of the heads.
+        q_nope, q_rope = q.view(bsz, seqlen, -1, self.qk_head_dim).split(
+            [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1
+        )
+        q = torch.cat([q_nope, apply_rotary_emb(q_rope, rope_cache, positions)], dim=-1)
+
+        kv_latent, k_rope = self.wkv_a(x).split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        k_rope = self.shared_rope_key(apply_rotary_emb(k_rope.unsqueeze(2), rope_cache, positions))
+        kv = self.wkv_b(self.kv_norm(kv_latent)).view(bsz, seqlen, -1, self.qk_nope_head_dim + self.v_head_dim)
+        k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+        n_heads = k_nope.shape[2]
+        k = torch.cat([k_nope, k_rope.expand(-1, -1, n_heads, -1)], dim=-1)
+
+        if self.query_scale != 1.0:
+            q = q * self.query_scale
+        if self.v_head_dim < self.qk_head_dim:
+            v = F.pad(v, (0, self.qk_head_dim - self.v_head_dim))
+        out = self.inner_attention(q, k, v, positions, document_ids)[..., : self.v_head_dim]
+        return self.wo(out.reshape(bsz, seqlen, -1))
+
+    def init_weights(self, out_std: float) -> None:
+        projections = (self.wq_a, self.wq_b) if self.low_rank_query else (self.wq,)
+        for linear in (*projections, self.wkv_a, self.wkv_b):
+            _trunc_normal_(linear.weight, BASE_INIT_STD)
+        for norm in (self.q_norm, self.kv_norm) if self.low_rank_query else (self.kv_norm,):
+            norm.reset_parameters()
+        _trunc_normal_(self.wo.weight, out_std)
+
+
+class DeepSeekV3Transformer(Transformer):
+    """DeepSeek-V3: the shared decoder (models/transformer.py) whose blocks use multi-head latent attention, with
+    the dense feed-forward in the first ``n_dense_layers`` blocks and the MoE layer after them, and YaRN RoPE on the
+    decoupled rope part of queries and keys."""
+
+    def build_block(self, layer_id: int, args: DeepSeekV3Args) -> TransformerBlock:
+        return TransformerBlock(
+            layer_id, args, MultiHeadLatentAttention(args), use_moe=layer_id >= args.n_dense_layers
+        )
+
+    def rope_table(self, device: torch.device | str) -> torch.Tensor:
+        args = self.args
+        return precompute_yarn_rope_cache(
+            args.qk_rope_head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling, device
+        )

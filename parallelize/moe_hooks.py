@@ -1,0 +1,101 @@
+"""The step hooks of families with MoE layers (``FamilySpec.extra_loss``, ``after_optimizer_step``, ``step_metrics``).
+
+- ``moe_aux_loss``: the mean of the MoE layers' auxiliary load-balancing losses of the last forward (each layer
+  computes its own from its router's statistics, models/moe.py; Hugging Face pools the layers into one term, so a
+  mean keeps its ``router_aux_loss_coef`` meaning the same), or None when no layer has one.
+- ``after_moe_step``: after each optimizer step, every layer's token counts of the step (per expert, from this
+  rank's tokens) are summed over the ranks that hold different tokens (``dp_cp``; the ranks of a pipeline stage
+  share its layers), in one all-reduce for all layers. They give each layer's load imbalance (the busiest expert's
+  tokens over the mean) and, with loss-free balancing (DeepSeek-V3's), move the layer's routing bias, alike on
+  every rank, as one process would. Then the counts start again from zero.
+- ``moe_step_metrics``: that imbalance per layer and its maximum, and the auxiliary loss of the step's last
+  microbatch, for metrics.jsonl and TensorBoard. Routing has no capacity limit, so no token is ever dropped.
+
+The reduction group is attached to each MoE layer by parallelize (``reduce_expert_loads_over``): the hooks have
+only the model parts, and the model itself knows nothing of process groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from dtrain.models.moe import MoE, update_expert_bias
+
+LOAD_GROUP_ATTR = "_dtrain_load_reduce_group"
+IMBALANCE_ATTR = "_dtrain_load_imbalance"
+
+
+def moe_layers(model_parts: list[nn.Module]) -> list[MoE]:
+    return [module for part in model_parts for module in part.modules() if isinstance(module, MoE)]
+
+
+def reduce_expert_loads_over(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Have `model`'s MoE layers sum their token counts over `mesh` (its ranks see different tokens)."""
+    if mesh.size() == 1:
+        return
+    for moe in moe_layers([model]):
+        setattr(moe, LOAD_GROUP_ATTR, mesh.get_group())
+
+
+def aux_loss_enabled(args: Any) -> bool:
+    """Whether a model of `args` has MoE layers with an auxiliary loss (``args.moe``, models/moe.py)."""
+    moe = getattr(args, "moe", None)
+    return moe is not None and moe.aux_loss_coeff > 0
+
+
+def moe_aux_loss(model_parts: list[nn.Module]) -> torch.Tensor | None:
+    losses = [moe.aux_loss for moe in moe_layers(model_parts) if moe.aux_loss is not None]
+    return torch.stack(losses).mean() if losses else None
+
+
+def after_moe_step(model_parts: list[nn.Module]) -> None:
+    layers = moe_layers(model_parts)
+    if not layers:
+        return
+    loads = torch.stack([moe.tokens_per_expert for moe in layers])
+    group = getattr(layers[0], LOAD_GROUP_ATTR, None)
+    if group is not None:
+        dist.all_reduce(loads, group=group)
+    # A layer that saw no tokens (a step skipped before any forward) has mean 0: count its imbalance as 1.
+    imbalance = loads.max(dim=1).values / loads.mean(dim=1).clamp(min=torch.finfo(loads.dtype).tiny)
+    for moe, load, layer_imbalance in zip(layers, loads, imbalance):
+        setattr(moe, IMBALANCE_ATTR, torch.where(load.sum() > 0, layer_imbalance, torch.ones_like(layer_imbalance)))
+        if moe.expert_bias is not None:
+            update_expert_bias(moe, load)
+        else:
+            moe.tokens_per_expert.zero_()
+
+
+def moe_step_metrics(model_parts: list[nn.Module]) -> dict[str, torch.Tensor]:
+    named = [(name, module) for part in model_parts for name, module in part.named_modules() if isinstance(module, MoE)]
+    metrics = {
+        f"moe/{_layer_name(name)}/load_imbalance": getattr(moe, IMBALANCE_ATTR)
+        for name, moe in named
+        if hasattr(moe, IMBALANCE_ATTR)
+    }
+    if metrics:
+        metrics["moe/load_imbalance_max"] = torch.stack(list(metrics.values())).max()
+    aux = moe_aux_loss(model_parts)
+    if aux is not None:
+        metrics["moe/aux_loss"] = aux.detach()
+    return metrics
+
+
+def _layer_name(module_name: str) -> str:
+    """``layers.3.moe`` (also inside activation-checkpoint and compile wrappers) -> ``layers.3``."""
+    parts = [p for p in module_name.split(".") if not p.startswith("_") and p != "moe"]
+    return ".".join(parts)
+
+
+# What a family with MoE layers passes to its FamilySpec (``FamilySpec(..., **MOE_STEP_HOOKS)``).
+MOE_STEP_HOOKS = dict(
+    extra_loss=moe_aux_loss,
+    extra_loss_enabled=aux_loss_enabled,
+    after_optimizer_step=after_moe_step,
+    step_metrics=moe_step_metrics,
+)

@@ -1,0 +1,29 @@
+"""Qwen3-MoE with loss-free load balancing on 4 ranks: FSDP2, expert parallel over 2 and 4 ranks (experts
+FSDP-sharded over the rest), with context parallel, and with activation checkpointing: parity with one process
+(fp32, 1e-5). The per-expert biases move by the token counts of all ranks, so every layout routes like one process."""
+
+import pytest
+
+from parity_layouts import Layout, parity_tests
+
+pytestmark = pytest.mark.multiprocess
+
+MODEL = "qwen3_moe_bias"
+LAYOUTS = [
+    Layout("moe_fsdp4", dict(dp_shard=4), family=MODEL),
+    Layout("moe_ep2_fsdp4", dict(dp_shard=4, ep=2), family=MODEL),
+    Layout("moe_ep4_fsdp4", dict(dp_shard=4, ep=4), family=MODEL),
+    Layout("moe_ep4_ac_every_2nd", dict(dp_shard=4, ep=4), dict(ac_mode="selective", selective_ac_option="2"),
+           family=MODEL),
+    Layout("moe_cp2_ep2", dict(dp_shard=2, cp=2, ep=2), family=MODEL),
+]
+
+report, test_layout_matches_single_process = parity_tests(4, LAYOUTS)
+
+
+def test_experts_are_fsdp_sharded_over_what_ep_leaves(report):
+    # ep 2 of 4 ranks: each expert's weights also sharded over the other 2 (efsdp), so a quarter per rank.
+    placements = report["moe_ep2_fsdp4"]["placements"]["layers.0.moe.experts.w1"]
+    assert placements == "(_StridedShard(dim=0, sf=2), Shard(dim=0))"
+    # ep 4 of 4: a whole quarter of the experts per rank (the efsdp dimension has one rank).
+    assert report["moe_ep4_fsdp4"]["placements"]["layers.0.moe.experts.w1"].endswith("Shard(dim=0))")
