@@ -19,7 +19,7 @@ The interface is the one dtrain/checkpoint/hf_io.py reads and writes through: ``
 from __future__ import annotations
 
 import re
-from dataclasses import fields, replace
+from dataclasses import fields
 from typing import Any
 
 import torch

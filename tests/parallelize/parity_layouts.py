@@ -25,6 +25,7 @@ from dtrain.float8 import Float8Training, build_float8_training
 from dtrain.mx import MXTraining, build_mx_training
 from dtrain.layout import ParallelLayout, RankCoordinates
 from dtrain.lr_schedule import build_lr_scheduler
+from dtrain.models.deepseek_v3 import DeepSeekV3Args
 from dtrain.models.llama3 import Llama3Args
 from dtrain.models.qwen3 import Qwen3Args
 from dtrain.optim import build_optimizers
@@ -63,6 +64,15 @@ FAMILY_ARGS = {
     "qwen3_moe": replace(QWEN3_TINY, moe_num_experts=8, moe_top_k=2, moe_hidden_dim=32, moe_aux_loss_coeff=0.01),
     "qwen3_moe_bias": replace(
         QWEN3_TINY, moe_num_experts=8, moe_top_k=2, moe_hidden_dim=32, moe_aux_loss_coeff=0.0,
+        moe_load_balance_bias=True,
+    ),
+    # DeepSeek-V3: latent attention (v head size apart from q/k's), one dense block then an MoE block routing like
+    # DeepSeek-V3's (sigmoid, 4 groups of which 2 per token, a shared expert, loss-free balancing).
+    "deepseek_v3": DeepSeekV3Args(
+        dim=64, n_layers=2, n_dense_layers=1, hidden_dim=96, n_heads=4, q_lora_rank=0, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, vocab_size=256, max_seq_len=16,
+        moe_num_experts=8, moe_top_k=3, moe_hidden_dim=32, moe_num_shared_experts=1, moe_score_func="sigmoid",
+        moe_route_norm=True, moe_route_scale=2.5, moe_num_expert_groups=4, moe_num_limited_groups=2,
         moe_load_balance_bias=True,
     ),
 }

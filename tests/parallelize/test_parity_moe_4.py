@@ -1,6 +1,8 @@
 """Qwen3-MoE with loss-free load balancing on 4 ranks: FSDP2, expert parallel over 2 and 4 ranks (experts
-FSDP-sharded over the rest), with context parallel, and with activation checkpointing: parity with one process
-(fp32, 1e-5). The per-expert biases move by the token counts of all ranks, so every layout routes like one process."""
+FSDP-sharded over the rest), with context parallel, and with activation checkpointing; DeepSeek-V3 (latent
+attention, group-limited sigmoid routing, shared experts) with expert parallel over 2 and 4: parity with one
+process (fp32, 1e-5). The per-expert biases move by the token counts of all ranks, so every layout routes like one
+process."""
 
 import pytest
 
@@ -16,6 +18,8 @@ LAYOUTS = [
     Layout("moe_ep4_ac_every_2nd", dict(dp_shard=4, ep=4), dict(ac_mode="selective", selective_ac_option="2"),
            family=MODEL),
     Layout("moe_cp2_ep2", dict(dp_shard=2, cp=2, ep=2), family=MODEL),
+    Layout("deepseek_v3_ep2_fsdp4", dict(dp_shard=4, ep=2), family="deepseek_v3"),
+    Layout("deepseek_v3_ep4_fsdp4", dict(dp_shard=4, ep=4), family="deepseek_v3"),
 ]
 
 report, test_layout_matches_single_process = parity_tests(4, LAYOUTS)

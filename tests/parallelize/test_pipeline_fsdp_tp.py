@@ -1,5 +1,6 @@
-"""Pipeline × FSDP2 (pp=2 × dp=2), pipeline × TP (pp=2 × tp=2) and pipeline × context parallel (pp=2 × cp=2) on
-4 ranks: parity with one process (pipeline × cp also under document masking).
+"""Pipeline × FSDP2 (pp=2 × dp=2), pipeline × TP (pp=2 × tp=2), pipeline × context parallel (pp=2 × cp=2) and
+pipeline × expert parallel (pp=2 × ep=2, Qwen3-MoE and DeepSeek-V3) on 4 ranks: parity with one process (pipeline ×
+cp also under document masking).
 
 Includes the regression guard for the torch 2.13 trap: split-backward schedules (here ZBVZeroBubble) with FSDP2
 resharding parameters after forward give silently wrong gradients. `build_pipeline` prevents it; the same
@@ -30,6 +31,7 @@ LAYOUTS = [
     PipelineLayout("moe_ep2_1f1b", "1F1B", dp_shard=2, ep=2, microbatch_size=2, family="qwen3_moe_bias"),
     PipelineLayout("moe_ep2_zbv_zero_bubble", "ZBVZeroBubble", dp_shard=2, ep=2, microbatch_size=1,
                    family="qwen3_moe_bias"),
+    PipelineLayout("deepseek_v3_ep2_1f1b", "1F1B", dp_shard=2, ep=2, microbatch_size=2, family="deepseek_v3"),
 ]
 
 
