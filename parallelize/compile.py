@@ -13,14 +13,19 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from dtrain.models.moe import MoE
+
 _trace_handler: logging.Handler | None = None
 
 
 def apply_compile(blocks: nn.ModuleDict, backend: str = "inductor") -> None:
     """Compile every block in place with ``fullgraph=True``: a graph break inside a block is an error, not a
-    silent slowdown."""
+    silent slowdown. Blocks with an MoE layer are the exception: sizing the expert-parallel all-to-alls and the
+    per-expert loop read token counts on the host, and the experts are an FSDP unit of their own inside the
+    block, whose hooks dynamo does not trace; those blocks compile into the graphs between such breaks."""
     for block in blocks.values():
-        block.compile(backend=backend, fullgraph=True)
+        has_moe = any(isinstance(module, MoE) for module in block.modules())
+        block.compile(backend=backend, fullgraph=not has_moe)
 
 
 def start_compile_trace(trace_dir: str) -> None:

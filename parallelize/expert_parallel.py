@@ -109,7 +109,8 @@ def _by_expert_order(counts_by_source: torch.Tensor, total: int) -> torch.Tensor
     # Walk the blocks expert-major: block (j, s) starts at starts[s, j] and holds counts_by_source[s, j] rows.
     block_counts, block_starts = counts_by_source.t().flatten(), starts.t().flatten()
     first_row = torch.repeat_interleave(block_starts, block_counts, output_size=total)
-    block_offset = torch.repeat_interleave(torch.cumsum(block_counts, 0) - block_counts, block_counts, output_size=total)
+    block_ends = torch.cumsum(block_counts, 0)
+    block_offset = torch.repeat_interleave(block_ends - block_counts, block_counts, output_size=total)
     return first_row + torch.arange(total, device=flat.device) - block_offset
 
 

@@ -186,7 +186,8 @@ def test_meta_init_equals_real_device_init():
     abstract.to_empty(device="cpu")
     abstract.init_buffers()
     # After to_empty the load counts hold garbage until init_buffers zeroes them; a loaded model needs only that.
-    assert all(torch.equal(b.moe.tokens_per_expert, torch.zeros(8)) for b in abstract.layers.values() if b.moe is not None)
+    moe_blocks = [b for b in abstract.layers.values() if b.moe is not None]
+    assert all(torch.equal(b.moe.tokens_per_expert, torch.zeros(8)) for b in moe_blocks)
     torch.manual_seed(5)
     abstract.init_weights()
     for (name, a), (_, b) in zip(real.state_dict().items(), abstract.state_dict().items()):
