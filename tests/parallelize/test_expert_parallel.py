@@ -100,3 +100,19 @@ def test_by_expert_order_regroups_rows_by_local_expert():
     order = _by_expert_order(counts, len(received))
     regrouped = [received[k] for k in order.tolist()]
     assert regrouped == sorted(received, key=lambda row: (row[1], row[0], row[2]))
+
+
+@pytest.mark.parametrize(
+    "model, degrees, message",
+    [
+        ("qwen3", dict(world_size=2, ep=2), "expert_parallel_degree=2 needs a model with MoE layers; this one has"),
+        ("qwen3_moe", dict(world_size=3, ep=3), "expert_parallel_degree=3 does not divide the model's 8 experts"),
+        ("qwen3_moe", dict(world_size=2, dp_shard=1, tp=2), "tensor_parallel_degree=2 with MoE layers is not"),
+    ],
+)
+def test_moe_layouts_refused_before_launch(model, degrees, message):
+    from dtrain.parallelize import ParallelDims, ParallelismError
+    from parity_layouts import FAMILY_ARGS, family_spec
+
+    with pytest.raises(ParallelismError, match=message):
+        family_spec(model).check_shapes(ParallelDims(**degrees), FAMILY_ARGS[model], 16)

@@ -60,10 +60,19 @@ def test_rest_that_does_not_divide():
     )
 
 
-def test_unimplemented_parallelisms_are_refused_not_ignored():
-    message = r"^parallelism.expert_parallel_degree=2 is not implemented yet \(valid: 1\)$"
-    with pytest.raises(ParallelismError, match=message):
-        ParallelDims(4, ep=2)
+def test_expert_parallel_borrows_from_the_fsdp_ranks():
+    dims = ParallelDims(8, dp_shard=4, cp=2, ep=4)
+    assert dims.ep_enabled and dims.efsdp == 2 and dims.world_size == 8  # ep is not a factor of the world size
+    with pytest.raises(ParallelismError, match=(
+        r"^parallelism.expert_parallel_degree=3 does not divide parallelism.data_parallel_shard_degree × "
+        r"parallelism.context_parallel_degree = 4, the ranks expert parallel borrows \(valid: 1, 2, 4\)$"
+    )):
+        ParallelDims(4, ep=3)
+    for degrees, key in ((dict(dp_replicate=2, dp_shard=2), "data_parallel_replicate_degree"),
+                         (dict(dp_shard=2, tp=2), "tensor_parallel_degree")):
+        with pytest.raises(ParallelismError, match=rf"^parallelism.expert_parallel_degree=2 with parallelism.{key}=2 "
+                                                   r"is not supported yet"):
+            ParallelDims(4, ep=2, **degrees)
 
 
 def test_context_parallel_ranks_shard_parameters_with_fsdp():
