@@ -8,19 +8,19 @@ ranks by ``ReduceGradient``; a plan resolved per block where only some blocks ha
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
+import sys
 from dataclasses import replace
-from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from dtrain.models.deepseek_v3 import DeepSeekV3Args, DeepSeekV3Transformer, YarnScaling
 
 pytestmark = pytest.mark.multiprocess
+# The gloo world harness of the parallelize tests (a forkserver shared by the session, timeouts, group teardown).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parallelize"))
 
 TINY = DeepSeekV3Args(
     dim=64, n_layers=3, n_dense_layers=3, hidden_dim=96, n_heads=4, q_lora_rank=0, kv_lora_rank=32,
@@ -47,35 +47,39 @@ def _grads_and_loss(model, tokens):
     return loss.detach(), model
 
 
-def _tp_layout(rank: int, world_size: int, folder: str, args: DeepSeekV3Args, sequence_parallel: bool) -> None:
-    import torch.distributed as dist
+def tp_layouts(rank: int, world_size: int) -> dict:
+    """Every layout in one world: rank 0's (loss, whole gradients, placements) per layout."""
     from torch.distributed.tensor import DTensor
 
     from dtrain.parallelize import ParallelDims, ParallelizeOptions, build_mesh, get_family
     from dtrain.parallelize import init_weights_like_single_device, model_fqn
 
-    torch.set_num_threads(1)
-    store = dist.FileStore(os.path.join(folder, "store"), world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
-    try:
+    results, meshes = {}, {}
+    for name, (args, sequence_parallel) in LAYOUTS.items():
         dims = ParallelDims(world_size, dp_shard=1, tp=2, sequence_parallel=sequence_parallel, loss_parallel=False)
+        mesh = meshes.setdefault(sequence_parallel, build_mesh(dims, "cpu"))
         with torch.device("meta"):
             model = DeepSeekV3Transformer(args)
         reference = copy.deepcopy(model)
-        get_family("deepseek_v3").parallelize(model, build_mesh(dims, "cpu"), dims, ParallelizeOptions())
+        get_family("deepseek_v3").parallelize(model, mesh, dims, ParallelizeOptions())
         model.to_empty(device="cpu")
         init_weights_like_single_device(model, reference, SEED)
         tokens = torch.randint(0, args.vocab_size, (2, 17), generator=torch.Generator().manual_seed(0))
         loss, model = _grads_and_loss(model, tokens)
         grads = {
-            model_fqn(name): (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
-            for name, p in model.named_parameters()
+            model_fqn(n): (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
+            for n, p in model.named_parameters()
         }
-        placements = {model_fqn(name): str(getattr(p, "placements", None)) for name, p in model.named_parameters()}
-        if rank == 0:
-            torch.save((loss, grads, placements), os.path.join(folder, "result.pt"))
-    finally:
-        dist.destroy_process_group()
+        placements = {model_fqn(n): str(getattr(p, "placements", None)) for n, p in model.named_parameters()}
+        results[name] = (loss, grads, placements)
+    return results
+
+
+@pytest.fixture(scope="module")
+def tp_results() -> dict:
+    from dist_harness import run_world
+
+    return run_world(2, tp_layouts)
 
 
 def _single_process(args: DeepSeekV3Args):
@@ -90,11 +94,9 @@ def _single_process(args: DeepSeekV3Args):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_tp_matches_one_process(layout):
-    args, sequence_parallel = LAYOUTS[layout]
-    with tempfile.TemporaryDirectory() as folder:
-        mp.start_processes(_tp_layout, args=(2, folder, args, sequence_parallel), nprocs=2, start_method="spawn")
-        loss, grads, placements = torch.load(os.path.join(folder, "result.pt"), weights_only=False)
+def test_tp_matches_one_process(tp_results, layout):
+    args, _ = LAYOUTS[layout]
+    loss, grads, placements = tp_results[layout]
     expected_loss, expected_grads = _single_process(args)
     torch.testing.assert_close(loss, expected_loss, atol=1e-6, rtol=1e-5)
     assert set(grads) == set(expected_grads)
