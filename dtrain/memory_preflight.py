@@ -19,13 +19,14 @@ The estimate, in bytes on this rank's device:
   RMSNorm, SwiGLU and SDPA (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", redone for this block; SDPA's fused kernels keep no s x s scores, so there is no term in s^2). With
   ``a`` the compute dtype's bytes, ``h`` the model dim, ``q = n_heads * head_dim`` (keys and values are repeated
-  to it for grouped-query attention), ``kv = n_kv_heads * head_dim``, ``f`` the FFN width (for an MoE layer the
-  ``top_k`` routed and the shared experts' widths together, plus ``3 a k h`` for its sorted token copies:
-  ``feed_forward_width``, ``routed_copies``; not measured yet) and ``V`` the vocab::
+  to it for grouped-query attention), ``kv = n_kv_heads * head_dim``, ``f`` the FFN width on one TP rank (the
+  dense FFN's width / tp; for an MoE layer the ``top_k`` routed experts' whole width, which TP does not split,
+  plus the shared experts' / tp, and ``3 a k h`` for its sorted token copies: ``feed_forward_width``,
+  ``routed_copies``; not measured yet) and ``V`` the vocab::
 
       norm  = (4 + a) h / sp + a h              fp32 input and normed value (split along the sequence under SP)
                                                 + the output the next linear keeps (gathered whole under SP)
-      layer = 2 norm + a (4 q + 4 f) / tp       + SDPA's q, k, v, output; SwiGLU's w1, w3, silu and product
+      layer = 2 norm + a (4 q / tp + 4 f)       + SDPA's q, k, v, output; SwiGLU's w1, w3, silu and product
               [+ (4 + a) (q + kv) / tp]         + QK-norm's input and normed value, where the model has it
               [+ cp extra]                      + under context parallel, the whole sequence's keys and values
                                                 where gathered: ``context_parallel_extra``
@@ -35,10 +36,10 @@ The estimate, in bytes on this rank's device:
       head  = norm + 12 V / lp                  + fp32 log-softmax output, its gradient and the logits' gradient
 
   A layer under full activation checkpointing keeps only its input, ``a h / sp``; under selective-by-op AC its
-  input and the saved matmul and attention outputs, ``a (h / sp + 2 h + (2 q + 2 kv + 2 f) / tp)``. ``tp``
+  input and the saved matmul and attention outputs, ``a (h / sp + 2 h + (2 q + 2 kv) / tp + 2 f)``. ``tp``
   divides heads and FFN, ``sp = tp`` under sequence parallel and ``lp = tp`` under loss parallel (else 1). The
   peak is the kept layers plus the larger of the head's working set and, when some layer is checkpointed, one
-  layer recomputed in backward with two FFN-wide gradients, ``layer + 2 a f / tp``. Under a memory budget ``m``
+  layer recomputed in backward with two FFN-wide gradients, ``layer + 2 a f``. Under a memory budget ``m``
   (compile's partitioner) a layer keeps ``checkpointed + m (layer - checkpointed)`` and backward recomputes the
   rest of one layer (the partitioner's choice of ops is not modelled):
   ``tokens * (in_flight * sum(kept per layer) + max(head, recomputed layer))``, with ``tokens`` those of one
@@ -218,13 +219,14 @@ def estimate_memory(
     )
 
 
-def feed_forward_width(model_args) -> int:
-    """The SwiGLU width a token goes through: the dense FFN's, or under MoE its ``top_k`` experts' and the shared
-    experts' together (models/moe.py)."""
+def feed_forward_width(model_args, tp: int = 1) -> float:
+    """The SwiGLU width a token goes through on one of `tp` tensor-parallel ranks: the dense FFN's split over them,
+    or under MoE its ``top_k`` experts' (whole on every TP rank) and the shared experts' (split) together
+    (models/moe.py, parallelize/moe_tensor_parallel.py)."""
     moe = getattr(model_args, "moe", None)
     if moe is None:
-        return model_args.ffn_hidden_dim
-    return (moe.top_k + moe.num_shared_experts) * moe.hidden_dim
+        return model_args.ffn_hidden_dim / tp
+    return moe.top_k * moe.hidden_dim + moe.num_shared_experts * moe.hidden_dim / tp
 
 
 def routed_copies(model_args, a: int) -> float:
@@ -245,17 +247,17 @@ def activation_bytes(
     sp = tp if dims.sequence_parallel_enabled else 1
     lp = tp if dims.loss_parallel_enabled else 1
     h, q = model_args.dim, model_args.n_heads * model_args.head_dim
-    kv, f = model_args.n_kv_heads * model_args.head_dim, feed_forward_width(model_args)
+    kv, f = model_args.n_kv_heads * model_args.head_dim, feed_forward_width(model_args, tp)
     norm = (FP32 + a) * h / sp + a * h
     head = norm + 3 * FP32 * model_args.vocab_size / lp
     every_nth = parse_selective_option(options.ac_mode, options.selective_ac_option)
     by_op = options.ac_mode == "selective" and every_nth is None
-    kept_if_checkpointed = a * (h / sp + 2 * h + (2 * q + 2 * kv + 2 * f) / tp) if by_op else a * h / sp
+    kept_if_checkpointed = a * (h / sp + 2 * h + (2 * q + 2 * kv) / tp + 2 * f) if by_op else a * h / sp
     kept, recompute, head_here = 0.0, 0.0, False
     for part in parts:
         decoder = decoder_layout(part)
         qk_norm = (FP32 + a) * (q + kv) / tp if getattr(part, "qk_norm", False) else 0.0
-        layer = 2 * norm + a * (4 * q + 4 * f) / tp + qk_norm + routed_copies(model_args, a)
+        layer = 2 * norm + a * (4 * q / tp + 4 * f) + qk_norm + routed_copies(model_args, a)
         layer += context_parallel_extra(layout, a, q, kv, seq_len) + attention_mask_extra(layout, a, seq_len)
         n_blocks = len(decoder.blocks_of(part))
         if options.ac_mode == "memory_budget":
@@ -268,7 +270,7 @@ def activation_bytes(
             checkpointed = 0 if options.ac_mode == "none" else n_blocks // (every_nth or 1)
             kept += checkpointed * kept_if_checkpointed + (n_blocks - checkpointed) * layer
             if checkpointed:
-                recompute = layer + 2 * a * f / tp
+                recompute = layer + 2 * a * f
         head_here = head_here or decoder.part(part, decoder.head) is not None
     sequences, in_flight = local_batch_size, 1
     if plan is not None:

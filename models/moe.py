@@ -128,7 +128,11 @@ class GroupedExperts(nn.Module):
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         """``x [T, dim]``, its rows grouped by expert in expert order, ``num_tokens_per_expert [E_local]`` (int64,
         summing to T) -> ``[T, dim]`` in ``x``'s dtype."""
-        return run_experts(x, num_tokens_per_expert, self.w1, self.w2, self.w3)
+        return run_experts(x, num_tokens_per_expert, *self.weights())
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(w1, w2, w3)``, in ``run_experts``'s order."""
+        return self.w1, self.w2, self.w3
 
     def init_weights(self, init_std: float, out_std: float) -> None:
         _trunc_normal_(self.w1, init_std)
@@ -189,9 +193,16 @@ class TokenChoiceTopKRouter(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x [T, dim]`` -> ``(top_scores [T, k] float32 combine weights, selected_experts [T, k] int64,
         scores [T, E] float32)``; ``expert_bias`` shifts the scores used to select, never the combine weights."""
+        return self.route(x, self.gate.weight, expert_bias)
+
+    def route(
+        self, x: torch.Tensor, gate_weight: torch.Tensor, expert_bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The routing with a given gate weight, so that tensor parallelism can run it on the local tensor of a
+        replicated weight (as ``run_experts`` for the experts)."""
         # Selection is sensitive to rounding: the gate runs in float32, under autocast too.
         with _autocast_disabled(x):
-            logits = F.linear(x.float(), self.gate.weight.float())
+            logits = F.linear(x.float(), gate_weight.float())
         scores = logits.softmax(dim=-1) if self.score_func == "softmax" else logits.sigmoid()
         scores_for_choice = scores if expert_bias is None else scores + expert_bias
         if self.num_expert_groups > 1:

@@ -51,7 +51,7 @@ class ExpertParallel(ParallelStyle):
         # mean (over the remaining efsdp ranks only) would not divide by: 1/ep here completes it.
         ep = device_mesh.size()
         module.forward = lambda x, counts: run_experts(
-            x, counts, *(ScaleGradient.apply(w.to_local(), 1.0 / ep) for w in _weights(module))
+            x, counts, *(ScaleGradient.apply(w.to_local(), 1.0 / ep) for w in module.weights())
         )
         return module
 
@@ -95,10 +95,6 @@ class ScaleGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad * ctx.scale, None
-
-
-def _weights(module: GroupedExperts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return module.w1, module.w2, module.w3
 
 
 def _by_expert_order(counts_by_source: torch.Tensor, total: int) -> torch.Tensor:

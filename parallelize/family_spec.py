@@ -70,7 +70,7 @@ class FamilySpec:
 
     def check_shapes(self, dims: ParallelDims, args: Any, seq_len: int) -> None:
         """A one-line ParallelismError when the degrees cannot split this model's shapes."""
-        dims.check_tp_divides(self.tp_sizes(args), seq_len)
+        dims.check_tp_divides({**self.tp_sizes(args), **moe_tp_sizes(args)}, seq_len)
         check_moe_layout(dims, args)
 
     def check_hooks(self, dims: ParallelDims, args: Any = None) -> None:
@@ -84,9 +84,17 @@ class FamilySpec:
             )
 
 
+def moe_tp_sizes(args: Any) -> dict[str, int]:
+    """What tensor parallel splits in MoE layers (``args.moe``, models/moe.py): the shared experts' hidden units.
+    The router and the routed experts stay whole on every TP rank (llama3.py, ``decoder_tp_plan``)."""
+    moe = getattr(args, "moe", None)
+    if moe is None or not moe.num_shared_experts:
+        return {}
+    return {"the MoE shared experts' hidden size": moe.hidden_dim * moe.num_shared_experts}
+
+
 def check_moe_layout(dims: ParallelDims, args: Any) -> None:
-    """Expert parallel needs MoE layers (``args.moe``, models/moe.py) whose experts it can split evenly; MoE layers
-    do not take tensor parallel yet."""
+    """Expert parallel needs MoE layers (``args.moe``, models/moe.py) whose experts it can split evenly."""
     moe = getattr(args, "moe", None)
     if dims.ep_enabled and moe is None:
         raise ParallelismError(
@@ -96,9 +104,4 @@ def check_moe_layout(dims: ParallelDims, args: Any) -> None:
     if dims.ep_enabled and moe.num_experts % dims.ep:
         raise ParallelismError(
             f"parallelism.expert_parallel_degree={dims.ep} does not divide the model's {moe.num_experts} experts"
-        )
-    if moe is not None and dims.tp_enabled:
-        raise ParallelismError(
-            f"parallelism.tensor_parallel_degree={dims.tp} with MoE layers is not supported yet (valid: 1; shard "
-            "the experts with parallelism.expert_parallel_degree)"
         )

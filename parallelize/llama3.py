@@ -31,6 +31,7 @@ from dtrain.parallelize.float8_tp import float8_tp_plan
 from dtrain.parallelize.mesh import ParallelMesh, fsdp_mesh
 from dtrain.parallelize.mixed_precision import autocast_forward, reduce_ddp_gradients_in
 from dtrain.parallelize.moe_hooks import reduce_expert_loads_over
+from dtrain.parallelize.moe_tensor_parallel import moe_tp_plan, without_routed_experts
 from dtrain.parallelize.options import ParallelizeOptions
 from dtrain.parallelize.parallel_dims import ParallelDims
 from dtrain.parallelize.tensor_parallel import (
@@ -59,8 +60,11 @@ def decoder_tp_plan(attention: TPPlan, *, sequence_parallel: bool, loss_parallel
     parallel, the activations between those regions (norms, residual stream) are split along the sequence instead
     of replicated: the reduction becomes a reduce-scatter and the next region starts with an all-gather, for the
     same traffic and 1/tp of the activation memory. The embedding is split by vocabulary rows and the head by
-    vocabulary columns; with loss parallel the logits stay vocab-sharded into the cross-entropy. Blocks without a
-    dense feed-forward (MoE) simply have no module at those paths (``resolve_plan``).
+    vocabulary columns; with loss parallel the logits stay vocab-sharded into the cross-entropy.
+
+    A MoE block (models/moe.py) has ``moe`` where a dense block has ``feed_forward`` (``resolve_plan`` keeps the
+    paths each block has); its plan is moe_tensor_parallel.py's: shared experts split like the dense feed-forward,
+    router and routed experts whole on every TP rank, on the whole sequence.
     """
     seq = Shard(1)
     act = seq if sequence_parallel else Replicate()
@@ -83,6 +87,7 @@ def decoder_tp_plan(attention: TPPlan, *, sequence_parallel: bool, loss_parallel
         "layers.*.feed_forward.w1": ColwiseParallel(),
         "layers.*.feed_forward.w3": ColwiseParallel(),
         "layers.*.feed_forward.w2": RowwiseParallel(output_layouts=act),
+        **{f"layers.*.{path}": style for path, style in moe_tp_plan(sequence_parallel=sequence_parallel).items()},
         "norm": norm_style(),
         "output": ColwiseParallel(
             input_layouts=act,
@@ -120,6 +125,8 @@ def parallelize_decoder(
         raise ParallelismError(f"a world of {dims.world_size} processes needs a device mesh (build_mesh)")
     if dims.tp_enabled:
         plan = tp_plan(sequence_parallel=dims.sequence_parallel_enabled, loss_parallel=dims.loss_parallel_enabled)
+        if dims.ep_enabled:
+            plan = without_routed_experts(plan)
         apply_tp(model, mesh["tp"], float8_tp_plan(resolve_plan(plan, model), model, mesh["tp"]))
         if _is_tied(model):
             # Embedding rows and head columns are both Shard(0) of the same [vocab, dim] weight; the plan
@@ -154,7 +161,7 @@ def parallelize_decoder(
             reduce_dtype=reduce_dtype,
             reshard_after_forward=options.reshard_after_forward,
             cpu_offload=options.cpu_offload,
-            experts_mesh=mesh["efsdp"] if dims.ep_enabled else None,
+            experts_mesh=mesh["experts_fsdp"] if dims.ep_enabled else None,
         )
         return model
     # Without FSDP's policy, the forward computes in the run's dtype under autocast (mixed_precision.py).

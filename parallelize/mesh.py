@@ -13,7 +13,9 @@ mesh):
   sharding over them too costs nothing extra.
 FSDP shards over ``dp_shard_cp`` (HSDP: the 2-D ``(dp_replicate, dp_shard_cp)``).
 With expert parallel, ``dp_shard_cp`` is also seen as ``experts`` = ``(efsdp, ep)``: the experts are split over
-``ep`` and each expert's weights FSDP-sharded over ``efsdp`` (expert_parallel.py).
+``ep`` and each expert's weights FSDP-sharded over ``efsdp`` (expert_parallel.py); under HSDP ``dp_cp`` is seen as
+``(dp_replicate, efsdp, ep)`` and the expert weights are HSDP-sharded over ``experts_fsdp`` = ``(dp_replicate,
+efsdp)``.
 """
 
 from __future__ import annotations
@@ -71,8 +73,15 @@ def build_mesh(dims: ParallelDims, device_type: str) -> ParallelMesh | None:
         views["hsdp"] = world["dp_replicate", "dp_shard"]
     if dims.ep_enabled:
         # Expert parallel borrows ep of the dp_shard × cp ranks (consecutive ones, so that an all-to-all stays
-        # within the closest ranks); expert weights are FSDP-sharded over the rest ("efsdp").
-        experts = views["dp_shard_cp"]._unflatten(0, (dims.efsdp, dims.ep), ("efsdp", "ep"))
+        # within the closest ranks); expert weights are FSDP-sharded over the rest ("efsdp"), and under HSDP
+        # replicated over dp_replicate as well.
+        if dims.hsdp_enabled:
+            shape, names = (dims.dp_replicate, dims.efsdp, dims.ep), ("dp_replicate", "efsdp", "ep")
+            experts = views["dp_cp"]._unflatten(0, shape, names)
+            views["experts_fsdp"] = experts["dp_replicate", "efsdp"]
+        else:
+            experts = views["dp_shard_cp"]._unflatten(0, (dims.efsdp, dims.ep), ("efsdp", "ep"))
+            views["experts_fsdp"] = experts["efsdp"]
         views.update(experts=experts, ep=experts["ep"], efsdp=experts["efsdp"])
     return ParallelMesh(world=world, views=views)
 

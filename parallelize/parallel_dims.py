@@ -83,12 +83,6 @@ class ParallelDims:
                 f"{CONFIG_KEYS['ep']}={self.ep} does not divide {CONFIG_KEYS['dp_shard']} × {CONFIG_KEYS['cp']} = "
                 f"{shard_ranks}, the ranks expert parallel borrows (valid: {_valid_list(_divisors(shard_ranks))})"
             )
-        for name in ("dp_replicate", "tp"):
-            if getattr(self, name) > 1:
-                raise ParallelismError(
-                    f"{CONFIG_KEYS['ep']}={self.ep} with {CONFIG_KEYS[name]}={getattr(self, name)} is not "
-                    f"supported yet (valid: {CONFIG_KEYS[name]}=1 with expert parallel)"
-                )
 
     def _describe(self, exclude: str = "") -> str:
         """`key=value × key=value = product` over the degrees above 1 that make up the world size."""

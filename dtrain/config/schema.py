@@ -204,6 +204,12 @@ class Parallelism:
         "data_parallel_shard_degree × context_parallel_degree ranks, which it must divide.",
         minimum=1,
     )
+    expert_tensor_parallel_degree: int = opt(
+        1,
+        "Tensor-parallel split of each routed expert (MoE models); only 1 is built: under TP every rank keeps whole "
+        "experts (or its expert-parallel share) and routes the whole sequence.",
+        minimum=1,
+    )
 
 
 @dataclass

@@ -86,6 +86,12 @@ def _check_parallelism(cfg: JobConfig) -> None:
             f"training.local_batch_size ({cfg.training.local_batch_size}) must be a multiple of "
             f"parallelism.pipeline_parallel_microbatch_size ({p.pipeline_parallel_microbatch_size})"
         )
+    if p.expert_tensor_parallel_degree != 1:
+        raise ConfigError(
+            f"parallelism.expert_tensor_parallel_degree = {p.expert_tensor_parallel_degree} is not supported: "
+            "splitting each routed expert over tensor-parallel ranks is not built (valid: 1, where every TP rank "
+            "keeps whole experts, or its expert-parallel share of them)"
+        )
     if p.enable_async_tensor_parallel and not (cfg.compile.enable and "model" in cfg.compile.components):
         raise ConfigError(
             "parallelism.enable_async_tensor_parallel needs compile.enable = true with model in compile.components"

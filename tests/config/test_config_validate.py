@@ -68,6 +68,10 @@ def test_valid_combinations(sections):
             "training.local_batch_size (8) must be a multiple of parallelism.pipeline_parallel_microbatch_size (3)",
         ),
         ({"parallelism": {"enable_async_tensor_parallel": True}}, "parallelism.enable_async_tensor_parallel needs"),
+        (
+            {"parallelism": {"expert_tensor_parallel_degree": 2}},
+            "parallelism.expert_tensor_parallel_degree = 2 is not supported: splitting each routed expert",
+        ),
         ({"training": {"dataset": "hf"}}, "training.dataset = hf needs training.dataset_path"),
         ({"model": {"tokenizer": "tiktoken"}}, "model.tokenizer = tiktoken needs model.hf_assets_path"),
         (

@@ -1,5 +1,5 @@
-"""A Qwen3-MoE flavor through `./run_train.sh`: expert parallel over 2 processes reproduces the 1-process loss
-curve, and the MoE load statistics reach the console, metrics.jsonl and TensorBoard's record."""
+"""A Qwen3-MoE flavor through `./run_train.sh`: expert parallel and tensor parallel over 2 processes reproduce the
+1-process loss curve, and the MoE load statistics reach the console, metrics.jsonl and TensorBoard's record."""
 
 import pytest
 from run_train_helpers import FP32, TINY, read_metrics, run_train
@@ -15,10 +15,16 @@ MOE = [
 SAME_GLOBAL_BATCH = [*TINY, "--training.steps", "4", "--training.global_batch_size", "4", *FP32, *MOE]
 
 
-def test_expert_parallel_over_two_processes_matches_one(tmp_path):
-    single_dir, ep_dir = tmp_path / "single", tmp_path / "ep2"
-    single = run_train(*SAME_GLOBAL_BATCH, "--job.dump_folder", str(single_dir))
+@pytest.fixture(scope="module")
+def single_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("moe") / "single"
+    single = run_train(*SAME_GLOBAL_BATCH, "--job.dump_folder", str(folder))
     assert single.returncode == 0, single.stderr[-3000:]
+    return folder
+
+
+def test_expert_parallel_over_two_processes_matches_one(tmp_path, single_dir):
+    ep_dir = tmp_path / "ep2"
     ep = run_train(*SAME_GLOBAL_BATCH, "--training.local_batch_size", "2", "--parallelism.expert_parallel_degree", "2",
                    "--job.dump_folder", str(ep_dir), NPROC="2")
     assert ep.returncode == 0, ep.stderr[-3000:]
@@ -29,6 +35,15 @@ def test_expert_parallel_over_two_processes_matches_one(tmp_path):
     assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in read_metrics(single_dir)], rel=1e-5)
     assert all(r["moe/load_imbalance_max"] >= 1.0 for r in records)
     assert {"moe/layers.0/load_imbalance", "moe/layers.1/load_imbalance"} <= set(records[-1])
+
+
+def test_tensor_parallel_over_two_processes_matches_one(tmp_path, single_dir):
+    tp = run_train(*SAME_GLOBAL_BATCH, "--parallelism.tensor_parallel_degree", "2",
+                   "--parallelism.data_parallel_shard_degree", "1", "--job.dump_folder", str(tmp_path), NPROC="2")
+    assert tp.returncode == 0, tp.stderr[-3000:]
+    assert "2 processes (TP" in tp.stdout + tp.stderr
+    losses = [r["loss"] for r in read_metrics(tmp_path)]
+    assert losses == pytest.approx([r["loss"] for r in read_metrics(single_dir)], rel=1e-5)
 
 
 def test_expert_parallel_degree_must_divide_the_experts():

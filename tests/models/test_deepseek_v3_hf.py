@@ -12,19 +12,12 @@ import torch
 from dtrain.checkpoint.dcp_io import model_state_dict
 from dtrain.checkpoint.hf_io import load_hf_weights, save_hf
 from dtrain.models.deepseek_v3 import DEEPSEEK_V3_FLAVORS, DeepSeekV3Args, DeepSeekV3HFAdapter, DeepSeekV3Transformer
-from dtrain.models.deepseek_v3.yarn import YarnScaling
 from dtrain.models.generate import generate
 
-# As in test_deepseek_v3.py: v_head_dim differs from the qk head size, YaRN with both of its factors != 1 and an
+from test_deepseek_v3 import TINY
+
+# test_deepseek_v3.py's shape: v_head_dim differs from the qk head size, YaRN with both of its factors != 1 and an
 # original length shorter than the sequences, DeepSeek-V3's routing (sigmoid, bias, 4 groups of which 2).
-TINY = DeepSeekV3Args(
-    dim=64, n_layers=3, n_dense_layers=1, hidden_dim=96, n_heads=4, q_lora_rank=0, kv_lora_rank=32,
-    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, vocab_size=128, max_seq_len=64,
-    rope_scaling=YarnScaling(factor=4.0, original_max_position_embeddings=16, mscale=0.8, mscale_all_dim=0.6),
-    moe_num_experts=8, moe_top_k=3, moe_hidden_dim=24, moe_num_shared_experts=1, moe_score_func="sigmoid",
-    moe_route_norm=True, moe_route_scale=2.5, moe_num_expert_groups=4, moe_num_limited_groups=2,
-    moe_load_balance_bias=True,
-)
 VARIANTS = {
     "full_query": TINY,
     "low_rank_query": replace(TINY, q_lora_rank=24),

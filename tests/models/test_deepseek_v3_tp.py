@@ -33,9 +33,10 @@ LAYOUTS = {
     "full_query_sp": (TINY, True),
     "low_rank_query_sp": (replace(TINY, q_lora_rank=24), True),
     "low_rank_query": (replace(TINY, q_lora_rank=24), False),
-    # The MoE block is not in this plan (expert and tensor parallel for it are shared by the MoE families): without
-    # sequence parallel it runs whole on both ranks on the replicated activations.
+    # MoE blocks (the shared MoE plan, parallelize/moe_tensor_parallel.py): shared experts split, router and
+    # routed experts whole on both ranks, on the gathered sequence under sequence parallel.
     "with_moe_blocks": (replace(TINY, n_dense_layers=1), False),
+    "with_moe_blocks_sp": (replace(TINY, n_dense_layers=1), True),
 }
 SEED = 7
 
@@ -107,3 +108,7 @@ def test_tp_matches_one_process(tp_results, layout):
     assert placements["layers.0.attention.wkv_a.weight"] == "(Replicate(),)"
     assert placements["layers.0.attention.wkv_b.weight"] == "(Shard(dim=0),)"
     assert placements["layers.0.attention.wo.weight"] == "(Shard(dim=1),)"
+    if args.n_dense_layers < args.n_layers:
+        assert placements["layers.1.moe.shared_experts.w1.weight"] == "(Shard(dim=0),)"
+        assert placements["layers.1.moe.router.gate.weight"] == "(Replicate(),)"
+        assert placements["layers.1.moe.experts.w1"] == "(Replicate(),)"

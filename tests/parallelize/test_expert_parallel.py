@@ -4,6 +4,8 @@ the two all-to-alls on its own."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -107,12 +109,17 @@ def test_by_expert_order_regroups_rows_by_local_expert():
     [
         ("qwen3", dict(world_size=2, ep=2), "expert_parallel_degree=2 needs a model with MoE layers; this one has"),
         ("qwen3_moe", dict(world_size=3, ep=3), "expert_parallel_degree=3 does not divide the model's 8 experts"),
-        ("qwen3_moe", dict(world_size=2, dp_shard=1, tp=2), "tensor_parallel_degree=2 with MoE layers is not"),
+        ("deepseek_v3_shared33", dict(world_size=2, dp_shard=1, tp=2),
+         "tensor_parallel_degree=2 does not divide the MoE shared experts' hidden size=33"),
     ],
 )
 def test_moe_layouts_refused_before_launch(model, degrees, message):
     from dtrain.parallelize import ParallelDims, ParallelismError
     from parity_layouts import FAMILY_ARGS, family_spec
 
+    # One shared expert as wide as a routed one (33), which tp=2 cannot split.
+    shared33 = model == "deepseek_v3_shared33"
+    family = "deepseek_v3" if shared33 else model
+    args = replace(FAMILY_ARGS[family], moe_hidden_dim=33) if shared33 else FAMILY_ARGS[family]
     with pytest.raises(ParallelismError, match=message):
-        family_spec(model).check_shapes(ParallelDims(**degrees), FAMILY_ARGS[model], 16)
+        family_spec(family).check_shapes(ParallelDims(**degrees), args, 16)

@@ -68,11 +68,8 @@ def test_expert_parallel_borrows_from_the_fsdp_ranks():
         r"parallelism.context_parallel_degree = 4, the ranks expert parallel borrows \(valid: 1, 2, 4\)$"
     )):
         ParallelDims(4, ep=3)
-    for degrees, key in ((dict(dp_replicate=2, dp_shard=2), "data_parallel_replicate_degree"),
-                         (dict(dp_shard=2, tp=2), "tensor_parallel_degree")):
-        with pytest.raises(ParallelismError, match=rf"^parallelism.expert_parallel_degree=2 with parallelism.{key}=2 "
-                                                   r"is not supported yet"):
-            ParallelDims(4, ep=2, **degrees)
+    # Replicas and TP ranks each hold their own copy of the expert-parallel split.
+    assert ParallelDims(8, dp_replicate=2, dp_shard=2, tp=2, ep=2).efsdp == 1
 
 
 def test_context_parallel_ranks_shard_parameters_with_fsdp():
