@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import SAC_IGNORED_OPS, CheckpointPolicy, create_selective_checkpoint_contexts
 
 from dtrain.parallelize.errors import ParallelismError
 
@@ -84,6 +84,20 @@ def set_memory_budget(budget: float) -> None:
     functorch_config.activation_memory_budget = budget
 
 
+# Profiler annotations (``record_function``), which op-level AC must not count. torch 2.13's selective
+# checkpointing replays a block's recomputation by counting each op's calls, annotations included (2.11 does not
+# count them). Under expert parallel the experts are an FSDP unit inside the block, whose hooks annotate their work
+# a different number of times in the forward and in the recomputation; the replay then fails with
+# "profiler._record_function_enter_new invocation index 3 ... not found in storage". Annotations compute nothing,
+# so leaving them out of the count is exact; torch's own fix does the same (pytorch/pytorch#196862).
+# SAC_IGNORED_OPS is torch's public set of such ops.
+PROFILER_ANNOTATION_OPS = (
+    torch.ops.profiler._record_function_enter_new.default,
+    torch.ops.profiler._record_function_exit.default,
+    torch.ops.profiler._record_function_exit._RecordFunction,
+)
+
+
 def _save_listed_ops(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in SAC_SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -101,6 +115,8 @@ def apply_ac(blocks: nn.ModuleDict, mode: str, selective_option: str = "2") -> N
     every_nth = parse_selective_option(mode, selective_option)
     if mode in ("none", "memory_budget"):
         return
+    if mode == "selective" and every_nth is None:
+        SAC_IGNORED_OPS.update(PROFILER_ANNOTATION_OPS)
     for position, (name, block) in enumerate(list(blocks.items()), start=1):
         if mode == "full":
             wrapped = checkpoint_wrapper(block)

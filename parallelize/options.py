@@ -63,14 +63,3 @@ class ParallelizeOptions:
                 f"{self.attention_mask!r} all-gathers keys and values (valid: allgather)"
             )
         check_async_tp(self.async_tp, tp=dims.tp, device_type=self.device_type, compile_model=self.compile_model)
-        if dims.ep_enabled and self.ac_mode == "selective" and self.selective_ac_option == "op":
-            # The experts are an FSDP unit inside each checkpointed block. torch's op-level checkpointing counts
-            # every op of the block, and the nested unit's all-gather internals and profiler annotations run a
-            # different number of times in the recomputation ("profiler._record_function_enter_new invocation
-            # index 3 ... not found in storage", torch 2.13). Fixed upstream by excluding FSDP's gathers
-            # from the counts (pytorch/pytorch#196862), after 2.13.
-            raise ParallelismError(
-                f"activation_checkpoint.selective_ac_option='op' with parallelism.expert_parallel_degree={dims.ep} "
-                "is not supported (valid: activation_checkpoint.mode = full, or selective_ac_option = a block "
-                "interval)"
-            )
