@@ -39,6 +39,11 @@ class Job:
     dump_folder: str = opt("./outputs", "Run directory: resolved config, metrics, TensorBoard, traces, checkpoints.")
     description: str = opt("", "Free-text description of the experiment, written into the run directory.")
     print_config: bool = opt(False, "Print the resolved config as TOML and exit without training.")
+    save_config_file: str | None = opt(
+        None,
+        "Also write the resolved config as JSON to this file inside job.dump_folder (torchtitan's key; config.toml "
+        "is always written); unset = no JSON copy.",
+    )
 
 
 @dataclass
@@ -101,6 +106,27 @@ class LRScheduler:
     )
     decay_type: str = opt("linear", "Shape of the decay.", choices=("linear", "sqrt", "cosine"))
     min_lr_factor: float = opt(0.0, "Final learning rate as a fraction of optimizer.lr.", minimum=0.0)
+    total_steps: int | None = opt(
+        None,
+        "Steps the schedule spans (warmup, stable, decay); unset = training.steps. Longer than training.steps stops "
+        "partway along the curve (a short debug run with the real schedule's shape).",
+        minimum=1,
+    )
+
+
+@dataclass
+class DataLoader:
+    num_workers: int = opt(
+        0,
+        "Background worker processes that read, tokenize and pack batches ahead of the step; 0 = a background "
+        "thread does it (the step never waits on tokenization either way).",
+        minimum=0,
+    )
+    persistent_workers: bool = opt(False, "Keep the worker processes alive between passes over the data.")
+    pin_memory: bool = opt(False, "Copy batches into pinned host memory (faster host-to-GPU copies; CUDA only).")
+    prefetch_factor: int | None = opt(
+        None, "Batches each worker (or the thread) keeps ready ahead of the step; unset = 2.", minimum=1
+    )
 
 
 @dataclass
@@ -148,6 +174,25 @@ class Training:
         "Start even when the pre-flight estimate of per-rank memory (params, grads, optimizer, activations, batches) "
         "exceeds the device's or the host's memory; the estimate is then logged as a warning.",
     )
+    dataloader: DataLoader = field(default_factory=DataLoader)
+
+
+@dataclass
+class Validation:
+    enable: bool = opt(False, "Evaluate the loss on held-out data every validation.freq steps.")
+    dataset: str = opt(
+        "builtin",
+        "Held-out data, the kinds of training.dataset plus c4_validation: builtin evaluates on a held-out part of "
+        "the built-in corpus that training never reads.",
+    )
+    dataset_path: str = opt("", "File, folder or HF dataset path/name of the validation data (as training's).")
+    local_batch_size: int = opt(8, "Sequences per validation batch on each data-parallel rank.", minimum=1)
+    seq_len: int = opt(2048, "Tokens per validation sequence.", minimum=2)
+    freq: int = opt(10, "Evaluate every this many training steps.", minimum=1)
+    steps: int = opt(
+        -1, "Batches per evaluation; -1 = the whole validation set (sources that never end are refused).", minimum=-1
+    )
+    dataloader: DataLoader = field(default_factory=DataLoader)
 
 
 @dataclass
@@ -226,7 +271,19 @@ class Checkpoint:
     initial_load_model_only: bool = opt(True, "Load only model weights from initial_load_path.")
     initial_load_in_hf: bool = opt(False, "initial_load_path holds Hugging Face safetensors.")
     last_save_model_only: bool = opt(True, "The final save holds model weights only.")
-    export_dtype: str = opt("float32", "dtype of a model-only save.", choices=("float32", "bfloat16"))
+    last_save_in_hf: bool = opt(
+        False,
+        "The final save is Hugging Face safetensors (with config.json) instead of DCP; needs last_save_model_only.",
+    )
+    export_dtype: str = opt(
+        "float32", "dtype of a model-only save.", choices=("float32", "bfloat16", "float16")
+    )
+    enable_first_step_checkpoint: bool = opt(
+        False, "Also save right after the first step (a quick check that saving works before a long run)."
+    )
+    load_only: bool = opt(
+        False, "Load checkpoints (resume or initial_load_path) but never save one."
+    )
     exclude_from_loading: list[str] = opt([], "State parts not to load on resume (e.g. optimizer, dataloader).")
     require_checkpoint: bool = opt(
         False, "Fail at start-up instead of starting from scratch when neither the run directory nor "
@@ -277,6 +334,12 @@ class Metrics:
     enable_tensorboard: bool = opt(True, "Write TensorBoard events under <dump_folder>/<save_tb_folder>.")
     save_tb_folder: str = opt("tb", "TensorBoard folder inside job.dump_folder.")
     save_for_all_ranks: bool = opt(False, "Every rank writes its own metrics files (rank 0 only by default).")
+    enable_wandb: bool = opt(
+        False,
+        "Log metrics to Weights & Biases (needs the wandb package; WANDB_PROJECT, WANDB_MODE=offline etc. are "
+        "respected; runs are stored under job.dump_folder).",
+    )
+    disable_color_printing: bool = opt(False, "Never colour the console metrics line (it is coloured only on a TTY).")
 
 
 @dataclass
@@ -294,6 +357,9 @@ class Profiling:
 class Debug:
     seed: int = opt(0, "Seed from which every random stream (init, data, dropout) is derived.", minimum=0)
     deterministic: bool = opt(False, "Use deterministic algorithms only (slower; bit-identical runs on GPU too).")
+    deterministic_warn_only: bool = opt(
+        False, "With debug.deterministic: an op without a deterministic implementation warns instead of failing."
+    )
 
 
 @dataclass
@@ -367,6 +433,7 @@ class JobConfig:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     training: Training = field(default_factory=Training)
+    validation: Validation = field(default_factory=Validation)
     parallelism: Parallelism = field(default_factory=Parallelism)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
