@@ -16,6 +16,7 @@ from dtrain.distributed import world_size_from_env
 from dtrain.errors import ConfigError
 from dtrain.hf_start import HFStart, hf_start
 from dtrain.layout import check_layout
+from dtrain.metrics.sinks import check_wandb_installed
 from dtrain.model_args import apply_overrides, shape_table, typed_overrides
 from dtrain.models import ModelFamily
 from dtrain.parallelize import FamilySpec, get_family
@@ -31,8 +32,9 @@ class Prepared:
 
 def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int, start: HFStart | None = None):
     """The model's hyperparameters: the flavor's with the `[model.args]` overrides, the vocabulary sized for the
-    tokenizer (unless model.args.vocab_size gives a larger one) and room for seq_len; or, when the run starts
-    from a Hugging Face checkpoint with a config.json (`start`), that config's, which nothing may contradict."""
+    tokenizer (unless model.args.vocab_size gives a larger one) and room for seq_len (training's and validation's);
+    or, when the run starts from a Hugging Face checkpoint with a config.json (`start`), that config's, which
+    nothing may contradict."""
     overrides = typed_overrides(family, cfg.model.args)
     if start is not None:
         base, vocab_size = _agreeing_with(start, overrides, cfg.model.tie_word_embeddings), start.args.vocab_size
@@ -56,10 +58,9 @@ def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int, start:
                 )
             vocab_size = overrides["vocab_size"]
     tie = base.tie_word_embeddings if cfg.model.tie_word_embeddings is None else cfg.model.tie_word_embeddings
+    seq_len = max(cfg.training.seq_len, cfg.validation.seq_len if cfg.validation.enable else 0)
     return apply_overrides(
-        family,
-        base,
-        dict(vocab_size=vocab_size, max_seq_len=max(base.max_seq_len, cfg.training.seq_len), tie_word_embeddings=tie),
+        family, base, dict(vocab_size=vocab_size, max_seq_len=max(base.max_seq_len, seq_len), tie_word_embeddings=tie)
     )
 
 
@@ -92,5 +93,6 @@ def prepare(cfg: JobConfig) -> Prepared:
     cfg.model.args = shape_table(args)
     check_layout(cfg, world_size_from_env(), family, args)
     check_checkpoint_config(cfg, world_size_from_env())
+    check_wandb_installed(cfg.metrics.enable_wandb)
     check_run_folder(cfg)
     return Prepared(family, tokenizer, args)

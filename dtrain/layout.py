@@ -111,6 +111,21 @@ def check_layout(cfg: JobConfig, world_size: int, family: FamilySpec, model_args
         check_mx_compute_dtype(cfg, dims.fsdp_enabled)
     except ParallelismError as err:
         raise ConfigError(str(err)) from None
+    if cfg.validation.enable:
+        check_validation_layout(cfg, dims, family, model_args)
+
+
+def check_validation_layout(cfg: JobConfig, dims: ParallelDims, family: FamilySpec, model_args) -> None:
+    """Validation batches split over the ranks as training's do: the sequence over TP and CP ranks, the batch
+    into pipeline microbatches. The checks are training's, so their messages are told which keys gave the sizes."""
+    v = cfg.validation
+    try:
+        family.check_shapes(dims, model_args, v.seq_len)
+        dims.check_cp_divides(v.seq_len, cfg.parallelism.context_parallel_load_balancer)
+        pipeline_plan(cfg.parallelism, v.local_batch_size, dims, family, model_args)
+    except ParallelismError as err:
+        message = str(err).replace("training.seq_len", "validation.seq_len")
+        raise ConfigError(message.replace("training.local_batch_size", "validation.local_batch_size")) from None
 
 
 def build_layout(cfg: JobConfig, world: World, family: FamilySpec, model_args) -> ParallelLayout:

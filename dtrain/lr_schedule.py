@@ -36,6 +36,8 @@ def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
     return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * remaining
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, cfg: LRScheduler):
-    """A LambdaLR over `lr_factor`; its state_dict (last_epoch) is all that resume needs."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, training_steps: int, cfg: LRScheduler):
+    """A LambdaLR over `lr_factor`; its state_dict (last_epoch) is all that resume needs. The schedule spans
+    `cfg.total_steps`, or the run's `training_steps` when that is unset."""
+    span = cfg.total_steps if cfg.total_steps is not None else training_steps
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, span, cfg))

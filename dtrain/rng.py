@@ -23,14 +23,15 @@ def seed_everything(seed: int, *keys: object) -> None:
     torch.manual_seed(derive_seed(seed, *keys))
 
 
-def set_determinism(deterministic: bool) -> None:
-    """Ask torch for deterministic kernels (bit-identical runs on GPU too) when `deterministic` is set.
+def set_determinism(deterministic: bool, warn_only: bool = False) -> None:
+    """Ask torch for deterministic kernels (bit-identical runs on GPU too) when `deterministic` is set; with
+    `warn_only`, an op that has no deterministic kernel warns instead of raising.
 
     CPU training is bit-identical for the same seed without this; on CUDA it costs speed, so it is opt-in.
     """
     if not deterministic:
         return
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     # cuBLAS needs a fixed workspace to be deterministic; it must be set before the first cuBLAS call.

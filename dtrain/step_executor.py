@@ -4,6 +4,7 @@
 (`LocalExecutor`: every layout without pipeline parallelism) or hands each microbatch to the pipeline schedule over
 its stages (`PipelineExecutor`); the trainer picks one when it builds the state (`build_step_executor`). An
 executor holds no training state: the model parts and parameters come from the `TrainState` on every call.
+`evaluate` is the forward-only path of validation (dtrain/validation.py) on the same layout.
 
 A family's optional step hooks (`FamilySpec.extra_loss`, `FamilySpec.after_optimizer_step`) run here, so the step
 never names a family. Nothing here reads a tensor on the host.
@@ -57,6 +58,11 @@ class StepExecutor(abc.ABC):
     def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         """Total gradient norm (a tensor, possibly a DTensor), clipping to `max_norm` unless it is 0."""
 
+    @abc.abstractmethod
+    def evaluate(self, model_parts: list[nn.Module], microbatch: Microbatch) -> torch.Tensor:
+        """Forward only of `microbatch` (call it under ``torch.no_grad()``): its summed loss, as `forward_backward`
+        returns it, without a family's extra loss term."""
+
     def after_optimizer_step(self, model_parts: list[nn.Module]) -> None:
         if self.optimizer_step_hook is not None:
             self.optimizer_step_hook(model_parts)
@@ -88,6 +94,11 @@ class LocalExecutor(StepExecutor):
     def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         return clip_grad_norm(parameters, max_norm)
 
+    def evaluate(self, model_parts: list[nn.Module], microbatch: Microbatch) -> torch.Tensor:
+        with self.loss_context():
+            output = model_parts[0](microbatch["input_ids"], document_ids=microbatch.get("document_ids"))
+            return self.loss_fn(output, microbatch["labels"])
+
 
 @dataclass(frozen=True)
 class PipelineExecutor(StepExecutor):
@@ -112,6 +123,12 @@ class PipelineExecutor(StepExecutor):
     def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         # Each rank holds some stages' gradients; the norm spans all stages.
         return self.pipeline.clip_grad_norm(parameters, max_norm)
+
+    def evaluate(self, model_parts: list[nn.Module], microbatch: Microbatch) -> torch.Tensor:
+        with self.loss_context():
+            return self.pipeline.evaluate(
+                microbatch["input_ids"], microbatch["labels"], document_ids=microbatch.get("document_ids")
+            )
 
 
 def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
+import time
 from pathlib import Path
 
 import torch
 
 from dtrain.config import to_toml
+from dtrain.config.toml_io import config_to_dict
 from dtrain.checks import Prepared
 from dtrain.checkpoint import CheckpointManager, PreemptionWatcher
 from dtrain.config.schema import JobConfig
@@ -22,7 +25,6 @@ from dtrain.data import build_dataloader
 from dtrain.distributed import World, init_world, is_timeout, set_collective_timeout
 from dtrain.errors import DtrainError
 from dtrain.float8 import build_float8_training
-from dtrain.mx import build_mx_training
 from dtrain.mx import build_mx_training
 from dtrain.layout import ParallelLayout, build_layout
 from dtrain.layout_report import compute_dtype, describe_layout, log_memory, log_parallel_plans, whole_metrics
@@ -40,6 +42,7 @@ from dtrain.run_lock import locked_run_folder
 from dtrain.state import TrainState
 from dtrain.step import cross_entropy_sum, train_step
 from dtrain.step_executor import build_step_executor
+from dtrain.validation import Validator, build_validator
 
 logger = logging.getLogger("dtrain")
 
@@ -85,9 +88,14 @@ def whole_model_params(family: ModelFamily, args) -> int:
 
 
 def write_run_files(cfg: JobConfig, world: World, run_dir: Path) -> None:
-    """Write the resolved config into the run directory (rank 0 only)."""
+    """Write the resolved config into the run directory (rank 0 only): config.toml, and the JSON copy that
+    torchtitan's job.save_config_file asks for."""
     if world.rank == 0:
         (run_dir / "config.toml").write_text(to_toml(cfg))
+        if cfg.job.save_config_file:
+            json_file = run_dir / cfg.job.save_config_file
+            json_file.parent.mkdir(parents=True, exist_ok=True)
+            json_file.write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
 
 
 def train(cfg: JobConfig, prepared: Prepared) -> None:
@@ -98,8 +106,9 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
         # Locked before anything is built or written: a second launch into a live run's folder ends here.
         run_dir = stack.enter_context(locked_run_folder(Path(cfg.job.dump_folder), world.rank, world.distributed))
         layout = build_layout(cfg, world, family, args)
-        set_determinism(cfg.debug.deterministic)
+        set_determinism(cfg.debug.deterministic, cfg.debug.deterministic_warn_only)
         state = build_train_state(cfg, world, layout, family, args, tokenizer)
+        validator = build_validator(cfg, layout.rank, tokenizer, world.device)
         checkpoints = CheckpointManager(cfg, run_dir, world.rank, world.world_size, state, model_args=args)
         if cfg.checkpoint.create_seed_checkpoint:
             write_run_files(cfg, world, run_dir)
@@ -121,6 +130,7 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             num_flops_per_token=family.model.flops_per_token(args, cfg.training.seq_len),
             device=world.device,
             dtype=compute_dtype(layout),
+            run_config=config_to_dict(cfg),
         )
         logger.info(
             "model %s %s: %.3fM parameters; %s; %d microbatch(es) of %d x %d per step on each of %d dp rank(s)",
@@ -129,7 +139,7 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
         )
         log_parallel_plans(family, layout)
         try:
-            preempted = run_loop(cfg, world, state, run_dir, checkpoints, metrics, accumulation)
+            preempted = run_loop(cfg, world, state, run_dir, checkpoints, metrics, accumulation, validator)
         except Exception as err:
             if world.distributed and is_timeout(err):
                 raise timed_out(cfg, err) from err
@@ -148,8 +158,10 @@ def run_loop(
     checkpoints: CheckpointManager,
     metrics: MetricsLogger,
     accumulation: int,
+    validator: Validator | None = None,
 ) -> bool:
-    """Step until `training.steps` or a preemption signal (then True): log, checkpoint, profile on the way."""
+    """Step until `training.steps` or a preemption signal (then True): log, validate, checkpoint, profile on the
+    way."""
     data = iter(state.dataloader)
     start_step = state.step
     metrics.start(state.step, state.tokens_seen)
@@ -182,6 +194,10 @@ def run_loop(
                 if log_now:
                     metrics.log(state.step, whole_metrics(step_metrics), state.tokens_seen - logged_tokens)
                     logged_tokens = state.tokens_seen
+                if validator is not None and validator.due(state.step) and not stop:  # a preempted run saves first
+                    started = time.perf_counter()
+                    values = validator.run(state)
+                    metrics.log_validation(state.step, values, seconds=time.perf_counter() - started)
                 checkpoints.maybe_save(state.step, last=last, preempted=stop)
                 profiler.step()
                 snapshot.step()

@@ -11,12 +11,17 @@ after the input-gradient pass, possibly after other microbatches' forwards. With
 after forward this silently gives wrong gradients (torch 2.13: some are missing, others off by ~1e-3), so
 ``build_pipeline`` keeps the parameters of every FSDP unit gathered between forward and backward for those
 schedules, whatever the stages were wrapped with.
+
+Validation runs forward only through ``Schedule.eval`` of a second schedule of the same kind over the same stage
+modules (``Pipeline.evaluate``): the training schedule's stages keep the shapes and backward set-up of training
+(torch 2.13 re-runs that set-up at every switch between ``step`` and ``eval`` of one schedule), and a validation
+batch may have another size and sequence length than a training microbatch.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -38,7 +43,7 @@ from dtrain.parallelize.errors import ParallelismError
 from dtrain.parallelize.grad_norm import total_grad_norm
 from dtrain.parallelize.pipeline_plan import SINGLE_STAGE_SCHEDULES, PipelinePlan
 from dtrain.parallelize.pipeline_split import StageModule
-from dtrain.parallelize.torch_compat import PipelineStageWithoutSelfP2P, clip_grads_with_norm_
+from dtrain.parallelize.torch_compat import PipelineStageWithForwardOnlyHandoff, clip_grads_with_norm_
 
 SCHEDULE_CLASSES = {
     "GPipe": ScheduleGPipe,
@@ -71,6 +76,9 @@ class Pipeline:
     schedule: object  # a torch.distributed.pipelining schedule (their common base class is private)
     loss: ScaledLoss
     pp_group: dist.ProcessGroup
+    device: torch.device = torch.device("cpu")
+    # Forward-only schedules of validation, by (batch size, sequence length): built on first use.
+    eval_schedules: dict[tuple[int, int], object] = field(default_factory=dict)
 
     @property
     def model_parts(self) -> list[nn.Module]:
@@ -116,6 +124,37 @@ class Pipeline:
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.pp_group)
         return loss_sum
 
+    def evaluate(
+        self, input_ids: torch.Tensor, labels: torch.Tensor, document_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Forward only of one batch (``Schedule.eval``, split into microbatches of the plan's size): its summed
+        loss on every pipeline rank, as ``step`` returns it. Call it under ``torch.no_grad()``, in the loss context.
+        """
+        schedule = self._eval_schedule(input_ids.shape[0], input_ids.shape[1])
+        losses: list[torch.Tensor] = []
+        args = (input_ids.contiguous(),) if self.has_first_stage else ()
+        target = labels.contiguous() if self.has_last_stage else None
+        kwargs = {"document_ids": document_ids.contiguous()} if document_ids is not None else {}
+        schedule.eval(*args, target=target, losses=losses, return_outputs=False, **kwargs)
+        loss_sum = torch.stack(losses).sum() if losses else torch.zeros((), device=input_ids.device)
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.pp_group)
+        return loss_sum
+
+    def _eval_schedule(self, batch_size: int, seq_len: int) -> object:
+        """The plan's schedule class over new stage objects that wrap the same modules, with an unscaled loss."""
+        key = (batch_size, seq_len)
+        if key not in self.eval_schedules:
+            if batch_size % self.plan.microbatch_size:
+                raise ParallelismError(
+                    f"a validation batch of {batch_size} sequences does not split into pipeline microbatches of "
+                    f"parallelism.pipeline_parallel_microbatch_size={self.plan.microbatch_size}"
+                )
+            self.eval_schedules[key] = new_schedule(
+                self.plan, self.stages, self.pp_group, self.device, self.loss.loss_fn,
+                n_microbatches=batch_size // self.plan.microbatch_size,
+            )
+        return self.eval_schedules[key]
+
     def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         """The gradient norm over all stages of the pipeline, clipped to `max_norm` (see below)."""
         return clip_grad_norm_across_stages(parameters, max_norm, self.pp_group)
@@ -129,7 +168,7 @@ def keep_parameters_gathered(stages: list[StageModule]) -> None:
                 module.set_reshard_after_forward(False)
 
 
-class StatelessInferenceStage(PipelineStageWithoutSelfP2P):
+class StatelessInferenceStage(PipelineStageWithForwardOnlyHandoff):
     """A pipeline stage whose shape inference leaves the stage's buffers as they were.
 
     Before its first step a stage learns its input and output shapes by running its module once, on the first
@@ -179,20 +218,32 @@ def build_pipeline(
         )
     if plan.split_backward:
         keep_parameters_gathered(stages)
+    loss = ScaledLoss(loss_fn)
+    schedule = new_schedule(plan, stages, pp_group, device, loss, n_microbatches=plan.n_microbatches)
+    return Pipeline(plan=plan, stages=stages, schedule=schedule, loss=loss, pp_group=pp_group, device=device)
+
+
+def new_schedule(
+    plan: PipelinePlan,
+    stages: list[StageModule],
+    pp_group: dist.ProcessGroup,
+    device: torch.device,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    n_microbatches: int,
+) -> object:
+    """A schedule of the plan's kind over new pipeline stages that wrap the modules of `stages`."""
     pipeline_stages = [
         StatelessInferenceStage(stage.module, stage.index, plan.num_stages, device, group=pp_group)
         for stage in stages
     ]
-    loss = ScaledLoss(loss_fn)
     # Single-stage schedules take the stage itself, multi-stage schedules the list of this rank's stages.
     single = plan.schedule in SINGLE_STAGE_SCHEDULES
-    schedule = SCHEDULE_CLASSES[plan.schedule](
+    return SCHEDULE_CLASSES[plan.schedule](
         pipeline_stages[0] if single else pipeline_stages,
-        n_microbatches=plan.n_microbatches,
-        loss_fn=loss,
+        n_microbatches=n_microbatches,
+        loss_fn=loss_fn,
         scale_grads=False,
     )
-    return Pipeline(plan=plan, stages=stages, schedule=schedule, loss=loss, pp_group=pp_group)
 
 
 def clip_grad_norm_across_stages(

@@ -51,6 +51,24 @@ class PipelineStageWithoutSelfP2P(PipelineStage):
         return [op for op in super()._get_init_p2p_neighbors_ops() if op.group_peer != self.group_rank]
 
 
+class PipelineStageWithForwardOnlyHandoff(PipelineStageWithoutSelfP2P):
+    """A PipelineStage that a V schedule's ``eval`` (forward only) can run.
+
+    A V placement (ZBVZeroBubble, DualPipeV) hands input gradients between the two neighbouring stages of rank 0 in
+    memory, and ``Schedule.eval`` still walks the backward actions of the schedule (they do nothing when the stage
+    has no backward), but that handoff asserts that the stage has a backward: "can't steal_bwd_input if this stage
+    doesn't have backward" (torch 2.11 and 2.13). Without a backward there is no gradient to hand over, so the
+    handoff is skipped then; with one, it is torch's.
+    """
+
+    def get_local_bwd_output(self, mb_index: int):
+        return super().get_local_bwd_output(mb_index) if self.has_backward else ()
+
+    def set_local_bwd_input(self, next_stage_bwd_outputs, mb_index: int) -> None:
+        if self.has_backward:
+            super().set_local_bwd_input(next_stage_bwd_outputs, mb_index)
+
+
 def _is_partial(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, DTensor) and any(placement.is_partial() for placement in tensor.placements)
 

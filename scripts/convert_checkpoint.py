@@ -26,7 +26,7 @@ from dtrain.checkpoint.hf_io import build_adapter, iter_hf_weights, read_hf_conf
 from dtrain.errors import DtrainError
 from dtrain.parallelize import FAMILIES, get_family
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = dcp_io.EXPORT_DTYPES  # the dtypes of checkpoint.export_dtype
 
 
 def run_config_args(checkpoint: Path, config: Path | None):

@@ -8,7 +8,12 @@ This is the only part of dtrain that touches the network; training itself never 
 
     # the first 2 of allenai/c4's 1024 English training shards into ./assets/datasets/c4
     python scripts/download_hf_assets.py --dataset c4 --num_shards 2
-    # then: --training.dataset c4   (reads ./assets/datasets/c4 unless training.dataset_path says otherwise)
+    # then: --training.dataset c4   (reads ./assets/datasets/c4 unless training.dataset_path says otherwise;
+    #       c4_test reads the first 2000 of those documents)
+
+    # the first of its 8 English validation shards, into the same folder
+    python scripts/download_hf_assets.py --dataset c4 --split validation --num_shards 1
+    # then: --validation.dataset c4_validation
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ ASSET_FILES = {
     "safetensors": ["model.safetensors.index.json", "*.safetensors"],
 }
 C4_REPO = "allenai/c4"
-C4_TOTAL_SHARDS = 1024
+# English shards per split of allenai/c4.
+C4_TOTAL_SHARDS = {"train": 1024, "validation": 8}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,7 +51,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="With --repo_id: which assets to fetch (default: tokenizer config).",
     )
     parser.add_argument(
-        "--num_shards", type=int, default=1, help="With --dataset c4: how many training shards to fetch (1-1024)."
+        "--num_shards",
+        type=int,
+        default=1,
+        help="With --dataset c4: how many shards to fetch (train 1-1024, validation 1-8).",
+    )
+    parser.add_argument(
+        "--split",
+        choices=sorted(C4_TOTAL_SHARDS),
+        default="train",
+        help="With --dataset c4: train (for c4 and c4_test) or validation (for c4_validation) shards.",
     )
     parser.add_argument(
         "--local_dir",
@@ -57,8 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--hf_token", default=None, help="Hugging Face token (default: the HF_TOKEN environment variable)."
     )
     args = parser.parse_args(argv)
-    if args.dataset and not 1 <= args.num_shards <= C4_TOTAL_SHARDS:
-        parser.error(f"--num_shards must be between 1 and {C4_TOTAL_SHARDS}")
+    if args.dataset and not 1 <= args.num_shards <= C4_TOTAL_SHARDS[args.split]:
+        parser.error(f"--num_shards must be between 1 and {C4_TOTAL_SHARDS[args.split]} for --split {args.split}")
     return args
 
 
@@ -90,11 +105,11 @@ def download_model_assets(repo_id: str, assets: list[str], local_dir: str, token
     return target
 
 
-def download_c4(num_shards: int, local_dir: str, token: str | None) -> str:
-    """Fetch the first `num_shards` English training shards of allenai/c4 into local_dir/en/."""
+def download_c4(num_shards: int, local_dir: str, token: str | None, split: str = "train") -> str:
+    """Fetch the first `num_shards` English `split` shards of allenai/c4 into local_dir/en/."""
     hub = _hub()
     for shard in range(num_shards):
-        name = f"en/c4-train.{shard:05d}-of-{C4_TOTAL_SHARDS:05d}.json.gz"
+        name = f"en/c4-{split}.{shard:05d}-of-{C4_TOTAL_SHARDS[split]:05d}.json.gz"
         print(f"downloaded {hub.hf_hub_download(C4_REPO, name, repo_type='dataset', local_dir=local_dir, token=token)}")
     return local_dir
 
@@ -111,8 +126,10 @@ def main(argv: list[str] | None = None) -> None:
             folder = download_model_assets(args.repo_id, args.assets, args.local_dir or "./assets/hf", token)
             print(f"done: set model.hf_assets_path = {folder!r}")
         else:
-            folder = download_c4(args.num_shards, args.local_dir or f"./assets/datasets/{args.dataset}", token)
-            print(f"done: set training.dataset = 'c4' and training.dataset_path = {folder!r}")
+            local_dir = args.local_dir or f"./assets/datasets/{args.dataset}"
+            folder = download_c4(args.num_shards, local_dir, token, args.split)
+            names = "validation.dataset = 'c4_validation'" if args.split == "validation" else "training.dataset = 'c4'"
+            print(f"done: set {names} and its dataset_path = {folder!r}")
     except GatedRepoError:
         sys.exit(f"error: {repo} is gated: accept its license on https://huggingface.co/{repo} and pass --hf_token")
     except RepositoryNotFoundError:

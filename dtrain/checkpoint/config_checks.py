@@ -43,6 +43,17 @@ def check_checkpoint_config(cfg: JobConfig, world_size: int) -> None:
         )
     if c.initial_load_path and not Path(c.initial_load_path).exists():
         raise ConfigError(f"checkpoint.initial_load_path {c.initial_load_path} does not exist")
+    if c.last_save_in_hf and not c.last_save_model_only:
+        # A Hugging Face folder holds weights only (as torchtitan refuses it too): the full state would be lost.
+        raise ConfigError(
+            "checkpoint.last_save_in_hf saves the weights only; set checkpoint.last_save_model_only = true, or "
+            "checkpoint.last_save_in_hf = false for a full last save"
+        )
+    if c.load_only and c.create_seed_checkpoint:
+        raise ConfigError(
+            "checkpoint.create_seed_checkpoint saves a checkpoint, checkpoint.load_only never does: set one of them "
+            "to false"
+        )
     if c.create_seed_checkpoint and world_size != 1:
         raise ConfigError(
             f"checkpoint.create_seed_checkpoint runs in one process (got {world_size}); run it with NPROC=1, "

@@ -35,7 +35,7 @@ from dtrain.parallelize.torch_compat import ASYNC_STAGER_IS_REUSABLE
 # Full checkpoints nest the weights under this key (TrainState.state_dict); model-only ones keep them at the top,
 # as torchtitan's model-only checkpoints do, so either project can start from the other's weights.
 MODEL_KEY = "model"
-EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # DCP warns on every save and load without a process group that it assumes one process: that is our intent. (A
 # filter, not catch_warnings, because async saves warn from their background thread.)
 warnings.filterwarnings("ignore", message="torch.distributed is .*single process", category=UserWarning)
@@ -70,7 +70,8 @@ def weights_prefix(shapes: dict[str, tuple[int, ...]]) -> str:
 
 
 def read_full_weights(path: Path) -> dict[str, torch.Tensor]:
-    """Every weight of the DCP checkpoint at `path` as a whole tensor, by FQN (one process; for conversions)."""
+    """Every weight of the DCP checkpoint at `path` as a whole tensor, by FQN (in one process, also when others
+    exist: conversions, and rank 0 writing a Hugging Face export)."""
     metadata = read_metadata(path).state_dict_metadata
     shapes = {k: tuple(m.size) for k, m in metadata.items() if isinstance(m, TensorStorageMetadata)}
     prefix = weights_prefix(shapes)
@@ -79,7 +80,7 @@ def read_full_weights(path: Path) -> dict[str, torch.Tensor]:
         for key, shape in shapes.items()
         if key.startswith(prefix)
     }
-    load(wanted, path)
+    load(wanted, path, one_process=True)
     return {key[len(prefix):]: tensor for key, tensor in wanted.items()}
 
 
@@ -188,8 +189,11 @@ def _raise_refusal(err: CheckpointException) -> None:
         raise ours from None
 
 
-def load(state_dict: dict[str, Any], path: Path, process_group: dist.ProcessGroup | None = None) -> None:
-    """Fill `state_dict` in place from the checkpoint at `path` (tensors are copied into, other values replaced).
+def load(
+    state_dict: dict[str, Any], path: Path, process_group: dist.ProcessGroup | None = None, one_process: bool = False
+) -> None:
+    """Fill `state_dict` in place from the checkpoint at `path` (tensors are copied into, other values replaced);
+    every rank takes part, unless `one_process` (then this process alone reads, without collectives).
 
     Nothing in the checkpoint runs as code (UnsafeCheckpoint), and every item read is checked against the
     checksum committed with it (ChecksumMismatch); both are one line.
@@ -198,7 +202,7 @@ def load(state_dict: dict[str, Any], path: Path, process_group: dist.ProcessGrou
     reader = verifying_reader(path)
     try:
         dcp.load(state_dict, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group,
-                 no_dist=_single_process())
+                 no_dist=one_process or _single_process())
     except CheckpointException as err:
         _raise_refusal(err)
         raise

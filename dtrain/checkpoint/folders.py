@@ -20,13 +20,21 @@ import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from dtrain.checkpoint.checksums import ALGORITHM, ChecksumMismatch, check_metadata_file, collect_checksums
+from dtrain.checkpoint.checksums import (
+    ALGORITHM,
+    ChecksumMismatch,
+    check_metadata_file,
+    collect_checksums,
+    hash_file,
+)
 from dtrain.checkpoint.safe_reading import read_metadata_file
 
 
 COMMIT_FILE = "dtrain_commit.json"
 PARTIAL_SUFFIX = ".partial"
 REPLACED_SUFFIX = ".replaced"
+# The kind of a final save written as Hugging Face safetensors with config.json (checkpoint.last_save_in_hf).
+HF_KIND = "hf"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _LEFTOVER_DIR = re.compile(rf"^step-(\d+)({re.escape(PARTIAL_SUFFIX)}|{re.escape(REPLACED_SUFFIX)})$")
 
@@ -39,8 +47,9 @@ class DamagedCheckpoint(Exception):
 class CommitRecord:
     """What a committed checkpoint holds and how it was written; stored as dtrain_commit.json in its folder.
 
-    `kind` is "full" (the whole TrainState) or "model_only" (weights only, in `dtype`). `data` describes the data
-    position's meaning (global batch, seq_len, dataset) so a resume can tell whether it carries over exactly.
+    `kind` is "full" (the whole TrainState), "model_only" (weights only, in `dtype`) or "hf" (weights only, as
+    Hugging Face safetensors with config.json; `files` and `checksums` then cover whole files). `data` describes
+    the data position's meaning (global batch, seq_len, dataset) so a resume can tell whether it carries over exactly.
     """
 
     step: int
@@ -62,7 +71,7 @@ class CommitRecord:
 
     @property
     def model_only(self) -> bool:
-        return self.kind == "model_only"
+        return self.kind in ("model_only", HF_KIND)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -169,7 +178,18 @@ def read_record(path: Path) -> CommitRecord:
         except ChecksumMismatch as err:
             raise DamagedCheckpoint(str(err)) from None
         _read_metadata(path)
+    elif record.kind == HF_KIND:
+        # safetensors files are read without a verifying reader, so each whole file is checked here.
+        for name, digests in sorted(record.checksums.items()):
+            if hash_file(path / name) != digests.get("0"):
+                raise DamagedCheckpoint(f"{path / name} differs from what was committed (damaged after writing)")
     return record
+
+
+def whole_files(path: Path) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
+    """({file name: size}, {file name: {"0": checksum}}) of every file in a just-written Hugging Face export."""
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name != COMMIT_FILE)
+    return {p.name: p.stat().st_size for p in files}, {p.name: {"0": hash_file(p)} for p in files}
 
 
 def _fsync(path: Path) -> None:
@@ -193,8 +213,9 @@ def write_record(path: Path, record: CommitRecord) -> None:
 
 
 def commit(partial: Path, final: Path, record: CommitRecord) -> CommitRecord:
-    """Verify the DCP files in `partial`, record them, and rename the folder to `final` (replacing an older one)."""
-    sizes, checksums = written_files(partial)
+    """Verify the DCP files in `partial` (or checksum a Hugging Face export's), record them, and rename the folder
+    to `final` (replacing an older one)."""
+    sizes, checksums = whole_files(partial) if record.kind == HF_KIND else written_files(partial)
     record = replace(record, files=sizes, checksums=checksums, checksum_algorithm=ALGORITHM)
     write_record(partial, record)
     replaced = None

@@ -32,6 +32,7 @@ from dtrain.checkpoint import dcp_io
 from dtrain.checkpoint.config_checks import check_checkpoint_config
 from dtrain.checkpoint.context import RunContext
 from dtrain.checkpoint.folders import (
+    HF_KIND,
     CommitRecord,
     DamagedCheckpoint,
     commit,
@@ -120,42 +121,46 @@ class CheckpointManager:
         Then (the run is accepted) rank 0 deletes the leftovers of saves that never committed.
         """
         startup = restore_at_startup(self.ctx)
-        if self.cfg.enable and self.ctx.rank == 0:
+        # A load_only run writes nothing into the checkpoint folder, not even a cleanup.
+        if self.cfg.enable and not self.cfg.load_only and self.ctx.rank == 0:
             for path in remove_partials(self.folder):
                 logger.warning(f"checkpoint: removed {path}, left by a save that never completed")
         return startup
 
     # -- saving -------------------------------------------------------------------------------------------------
     def maybe_save(self, step: int, *, last: bool = False, preempted: bool = False) -> bool:
-        """Call after every train step: saves on the interval, at the last step, and when preempted.
+        """Call after every train step: saves on the interval, at the last step, when preempted, and after step 1
+        with checkpoint.enable_first_step_checkpoint; never with checkpoint.load_only.
 
-        The last save holds only the weights (in checkpoint.export_dtype) when checkpoint.last_save_model_only.
-        Also commits an async save that finished meanwhile. Returns whether a save started.
+        The last save holds only the weights (in checkpoint.export_dtype) when checkpoint.last_save_model_only, as
+        Hugging Face safetensors when checkpoint.last_save_in_hf. Also commits an async save that finished
+        meanwhile. Returns whether a save started.
         """
         self._commit_if_done()
-        if not self.cfg.enable:
+        if not self.cfg.enable or self.cfg.load_only:
             if preempted:
-                logger.warning("checkpoint.enable is false: stopping without a checkpoint")
+                key = "checkpoint.load_only is true" if self.cfg.enable else "checkpoint.enable is false"
+                logger.warning(f"{key}: stopping without a checkpoint")
             return False
         if not self.save_due(step, last=last, preempted=preempted):
             return False
-        self.save(step, model_only=last and self.cfg.last_save_model_only)
+        if last and self.cfg.last_save_in_hf:
+            self.save_hf(step)
+        else:
+            self.save(step, model_only=last and self.cfg.last_save_model_only)
         return True
 
     def save_due(self, step: int, *, last: bool = False, preempted: bool = False) -> bool:
         """Whether `maybe_save` saves after `step` (so the trainer can check the state first)."""
-        return self.cfg.enable and (last or preempted or step % self.cfg.interval == 0)
+        first = step == 1 and self.cfg.enable_first_step_checkpoint
+        due = last or preempted or first or step % self.cfg.interval == 0
+        return self.cfg.enable and not self.cfg.load_only and due
 
     def save(self, step: int, *, model_only: bool = False, dtype: str | None = None, blocking: bool = False) -> None:
         """Save the state (or only the weights, in `dtype` or checkpoint.export_dtype) as step-`step`."""
         self._wait_and_commit()
-        state, ctx = self.ctx.state, self.ctx
-        partial, final = partial_dir(self.folder, step), step_dir(self.folder, step)
-        if ctx.rank == 0:
-            shutil.rmtree(partial, ignore_errors=True)  # left by a crash in an earlier attempt at this step
-            partial.mkdir(parents=True)
-        if ctx.group is not None:
-            dist.barrier(group=ctx.group)
+        state = self.ctx.state
+        partial, final = self._open_folder(step)
         dtype = dtype or self.cfg.export_dtype
         if model_only:
             state_dict = dcp_io.export_weights(state.model_parts, dcp_io.EXPORT_DTYPES[dtype])
@@ -163,19 +168,7 @@ class CheckpointManager:
         else:
             state_dict = state.state_dict()
             weights = state_dict[dcp_io.MODEL_KEY]
-        record = CommitRecord(
-            step=step,
-            kind="model_only" if model_only else "full",
-            tokens_seen=state.tokens_seen,
-            seed=state.seed,
-            dtype=str(next(iter(weights.values())).dtype).removeprefix("torch."),
-            world_size=ctx.world_size,
-            parallelism=ctx.parallelism(),
-            data=ctx.data_layout(),
-            saved_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            torch_version=torch.__version__,
-            tie_word_embeddings=getattr(ctx.model_args, "tie_word_embeddings", None),
-        )
+        record = self._record(step, "model_only" if model_only else "full", weights)
         started = time.perf_counter()
         if self._async is not None and not blocking:
             try:
@@ -191,6 +184,59 @@ class CheckpointManager:
             raise save_failed(partial, "save", err) from None
         self._commit(partial, final, record, started)
         self.last_blocked_s = time.perf_counter() - started
+
+    def save_hf(self, step: int) -> None:
+        """Save the weights as Hugging Face safetensors with config.json, in checkpoint.export_dtype, as step-`step`.
+
+        Every rank first writes its shards as DCP inside the folder (any layout, pipeline stages included); rank 0
+        then reads them back whole and writes the safetensors, as scripts/convert_checkpoint.py to-hf does. Always
+        blocking: it is the run's last save, and the process exits after it.
+        """
+        from dtrain.checkpoint.hf_io import build_adapter, save_hf
+
+        self._wait_and_commit()
+        partial, final = self._open_folder(step)
+        dtype = dcp_io.EXPORT_DTYPES[self.cfg.export_dtype]
+        weights = dcp_io.export_weights(self.ctx.state.model_parts, dtype)
+        record = self._record(step, HF_KIND, weights)
+        shards = partial / "dcp"
+        started = time.perf_counter()
+        try:
+            dcp_io.save(weights, shards)
+            if self.ctx.rank == 0:
+                adapter = build_adapter(self.ctx.cfg.model.name, self.ctx.model_args)
+                save_hf(dcp_io.read_full_weights(shards), partial, adapter, dtype)
+                shutil.rmtree(shards)
+        except (Exception, CheckpointException) as err:
+            raise save_failed(partial, "Hugging Face save", err) from None
+        self._commit(partial, final, record, started)
+        self.last_blocked_s = time.perf_counter() - started
+
+    def _open_folder(self, step: int) -> tuple[Path, Path]:
+        """(partial, final) folders of a save of `step`: the partial one freshly created, seen by every rank."""
+        partial, final = partial_dir(self.folder, step), step_dir(self.folder, step)
+        if self.ctx.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)  # left by a crash in an earlier attempt at this step
+            partial.mkdir(parents=True)
+        if self.ctx.group is not None:
+            dist.barrier(group=self.ctx.group)
+        return partial, final
+
+    def _record(self, step: int, kind: str, weights: dict[str, torch.Tensor]) -> CommitRecord:
+        ctx, state = self.ctx, self.ctx.state
+        return CommitRecord(
+            step=step,
+            kind=kind,
+            tokens_seen=state.tokens_seen,
+            seed=state.seed,
+            dtype=str(next(iter(weights.values())).dtype).removeprefix("torch."),
+            world_size=ctx.world_size,
+            parallelism=ctx.parallelism(),
+            data=ctx.data_layout(),
+            saved_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            torch_version=torch.__version__,
+            tie_word_embeddings=getattr(ctx.model_args, "tie_word_embeddings", None),
+        )
 
     def save_seed_checkpoint(self) -> Path:
         """Save the freshly initialised weights (float32) as step-0 and return its folder (one process only)."""
@@ -261,6 +307,8 @@ class CheckpointManager:
             raise DtrainError(f"checkpoint step-{record.step} failed verification after writing: {err}") from None
         removed = prune(self.folder, self.cfg.keep_latest_k, keep=final)
         kind = f"weights only, {record.dtype}" if record.model_only else "full state"
+        if record.kind == HF_KIND:
+            kind = f"Hugging Face safetensors, {record.dtype}"
         how = f" in the background, training blocked {self.last_blocked_s:.2f} s" if background else ""
         logger.info(
             f"checkpoint: saved {final} ({kind}) in {time.perf_counter() - started:.2f} s{how}"

@@ -22,6 +22,7 @@ from dtrain.checkpoint.checksums import ChecksumMismatch
 from dtrain.checkpoint.context import RunContext
 from dtrain.checkpoint.folders import (
     COMMIT_FILE,
+    HF_KIND,
     CommitRecord,
     DamagedCheckpoint,
     is_dcp_checkpoint,
@@ -67,7 +68,7 @@ class _Plan:
     rule: str
     path: Path | None = None
     record: CommitRecord | None = None
-    source: str = "dcp"  # or "hf"
+    source: str = "dcp"  # or "hf": safetensors (checkpoint.initial_load_in_hf, or a last_save_in_hf folder)
     model_only: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -113,7 +114,7 @@ def _choose(ctx: RunContext, failed: set[Path]) -> _Plan:
         found = _newest_resumable(ctx, scan.committed, failed, notes)
         if found is not None:
             path, record = found
-            return _Plan("resume", path, record, model_only=record.model_only, notes=tuple(notes))
+            return _Plan("resume", path, record, _source(record), record.model_only, tuple(notes))
     elif scan.committed:
         notes.append(f"checkpoint.enable is false: not resuming from the checkpoint(s) in {ctx.folder}")
     if c.initial_load_path:
@@ -189,7 +190,7 @@ def _initial_load_plan(ctx: RunContext, notes: list[str]) -> _Plan:
             f"{key} {path} is a file; expected a DCP checkpoint folder (for safetensors set "
             "checkpoint.initial_load_in_hf = true)"
         )
-    if not is_dcp_checkpoint(path):
+    if not is_dcp_checkpoint(path) and not (path / COMMIT_FILE).is_file():
         committed = scan_checkpoints(path).committed
         if committed:
             path = committed[-1].path
@@ -219,7 +220,12 @@ def _initial_load_plan(ctx: RunContext, notes: list[str]) -> _Plan:
             raise DtrainError(
                 f"{key} {path} holds weights only; set checkpoint.initial_load_model_only = true"
             )
-    return _Plan("initial_load", path, record, model_only=c.initial_load_model_only, notes=tuple(notes))
+    return _Plan("initial_load", path, record, _source(record), c.initial_load_model_only, tuple(notes))
+
+
+def _source(record: CommitRecord | None) -> str:
+    """How a committed checkpoint is read: a checkpoint.last_save_in_hf save is safetensors, the others DCP."""
+    return "hf" if record is not None and record.kind == HF_KIND else "dcp"
 
 
 def _apply(ctx: RunContext, plan: _Plan) -> None:
@@ -239,11 +245,12 @@ def _apply(ctx: RunContext, plan: _Plan) -> None:
         # Only a checkpoint from elsewhere may spell the weights otherwise; a run's own are always ours.
         spellings = family_spellings(ctx.cfg.model.name, ctx.model_args) if plan.rule == "initial_load" else ()
         load_weights(ctx, plan.path, spellings)
-        if plan.rule == "resume" and plan.record is not None and plan.record.step > 0:
-            # A finished run's final model-only save: nothing is left to train, so only the counters move.
-            ctx.state.step, ctx.state.tokens_seen = plan.record.step, plan.record.tokens_seen
     else:
         load_full_state(ctx, plan.path, plan.record)
+        return
+    if plan.rule == "resume" and record is not None and record.step > 0:
+        # A finished run's final model-only save: nothing is left to train, so only the counters move.
+        ctx.state.step, ctx.state.tokens_seen = record.step, record.tokens_seen
 
 
 def check_tying(path: Path, record: CommitRecord, model_args) -> None:

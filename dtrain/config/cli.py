@@ -7,6 +7,7 @@ Accepted forms (hyphens may replace underscores anywhere in the key):
     --lr_scheduler.decay_ratio none                 (unsets an optional key)
     --config NAME | PATH    --config=NAME           --job.config_file PATH   (torchtitan's spelling)
     --model.args.n_layers 2                         (an entry of a table; its type is checked where it is used)
+    --fault_tolerance.enable false                  (a torchtitan key without a dtrain field: torchtitan_keys.py)
 `-h` / `--help` are recorded but not acted on: the entry point prints `format_help` and exits.
 """
 
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtrain.config.fields import FieldSpec, config_fields, unknown_key_message
-from dtrain.config.values import EXPECTS, NONE_WORD, parse_bool_word, parse_cli_value
+from dtrain.config.torchtitan_keys import TORCHTITAN_ONLY
+from dtrain.config.values import EXPECTS, INT_TEXT, NONE_WORD, parse_bool_word, parse_cli_value
 from dtrain.errors import ConfigError
 
 HELP_FLAGS = ("-h", "--help")
@@ -30,6 +32,7 @@ class ParsedArgs:
 
     config: str | None = None  # the last --config / --job.config_file value, unresolved
     overrides: list[tuple[FieldSpec, Any]] = field(default_factory=list)  # typed values, in command-line order
+    foreign: dict[str, Any] = field(default_factory=dict)  # torchtitan-only keys (torchtitan_keys.py), as parsed
     help: bool = False
 
 
@@ -71,6 +74,17 @@ def _is_bool_value(spec: FieldSpec, token: str) -> bool:
     return parse_bool_word(token) is not None or (spec.optional and token.strip().lower() == NONE_WORD)
 
 
+def _foreign_value(text: str) -> Any:
+    """A torchtitan-only key's command-line value as its TOML value would be: a boolean, an integer, a
+    comma-separated list (torchtitan's spelling of lists on the command line) or text."""
+    word = parse_bool_word(text)
+    if word is not None:
+        return word
+    if INT_TEXT.fullmatch(text):
+        return int(text)
+    return [item for item in text.split(",") if item] if "," in text else text
+
+
 def parse_argv(argv: Sequence[str]) -> ParsedArgs:
     """Parse the command line into a config choice and typed overrides; raises ConfigError on the first problem."""
     specs = config_fields()
@@ -105,6 +119,12 @@ def parse_argv(argv: Sequence[str]) -> ParsedArgs:
                 i += 1
             # Kept as text: the table's user knows each entry's type (and says "none" where it may be unset).
             parsed.overrides.append((table, {entry_name: inline}))
+            continue
+        if spec is None and key in TORCHTITAN_ONLY:
+            if not has_value:
+                inline = _next_value(argv, i, flag, "a value")
+                i += 1
+            parsed.foreign[key] = _foreign_value(inline)
             continue
         if spec is None:
             negated = _negated_bool(key)

@@ -11,6 +11,7 @@ import importlib.util
 import torch
 
 from dtrain.config.schema import JobConfig
+from dtrain.config.torchtitan_keys import REFUSED_CONVERTERS
 from dtrain.errors import ConfigError
 from dtrain.parallelize.pipeline_plan import SPLIT_BACKWARD_SCHEDULES
 from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED, SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS
@@ -77,6 +78,8 @@ def check_mx_compute_dtype(cfg: JobConfig, fsdp_enabled: bool) -> None:
 def check_converters(cfg: JobConfig) -> None:
     """A one-line ConfigError for an unknown or refused converter, or an impossible float8 or MX combination."""
     for name in cfg.model.converters:
+        if name in REFUSED_CONVERTERS:
+            raise ConfigError(f"model.converters = {name} is not supported: {REFUSED_CONVERTERS[name]}")
         if name not in FLOAT8_NAMES + MX_NAMES:
             raise ConfigError(
                 "model.converters may contain float8 or mx (or quantize.linear.float8, quantize.linear.mx); "

@@ -1,5 +1,11 @@
 """`load_config`: dataclass defaults, overlaid by a TOML file, overlaid by command-line flags, then validated.
 
+A key given on the command line replaces the file's value before that value's choices and bounds are checked,
+so a flag rescues a file whose value is not valid here (``--training.dataset builtin``); a value of the wrong type
+is still reported, because the file itself is broken. ``model.name`` is checked first: a file for a family dtrain does not
+have fails on that, not on some key of that family's. torchtitan's keys without a dtrain field are handled by
+``torchtitan_keys.py``: renamed, accepted where they change nothing (named in one warning line), or refused.
+
 Which TOML file: `--config NAME|PATH` (or `--job.config_file PATH`, torchtitan's spelling), else the CONFIG_FILE
 environment variable, else `debug_model`. A path that exists is used as is; otherwise a bare name, with or without
 `.toml`, is looked up in the configs folder (`train_configs/` at the repo root, or $DTRAIN_CONFIGS_DIR).
@@ -7,6 +13,7 @@ environment variable, else `debug_model`. A path that exists is used as is; othe
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,9 +29,12 @@ from dtrain.config.fields import (
 )
 from dtrain.config.schema import JobConfig
 from dtrain.config.toml_io import read_toml
+from dtrain.config.torchtitan_keys import TORCHTITAN_ONLY, foreign_sections
 from dtrain.config.validate import canonical_schedule, validate_config
-from dtrain.config.values import coerce_value
+from dtrain.config.values import coerce_value, show_value
 from dtrain.errors import ConfigError
+
+logger = logging.getLogger("dtrain")
 
 ENV_CONFIG_FILE = "CONFIG_FILE"
 ENV_CONFIGS_DIR = "DTRAIN_CONFIGS_DIR"
@@ -67,34 +77,88 @@ def _listing(configs_dir: Path) -> str:
     return f"configs folder {configs_dir}: " + (f"available: {', '.join(names)}" if names else "no .toml files")
 
 
-def apply_toml(cfg: JobConfig, data: Mapping[str, Any], source: str) -> None:
-    """Overlay parsed TOML `data` onto `cfg`, checking every key and value; `source` names the file in errors."""
+# torchtitan keys without a dtrain field, as given: key -> (value, where it was given).
+ForeignValues = dict[str, tuple[Any, str]]
+
+
+def apply_toml(
+    cfg: JobConfig,
+    data: Mapping[str, Any],
+    source: str,
+    skip: frozenset[str] = frozenset(),
+    foreign: ForeignValues | None = None,
+) -> None:
+    """Overlay parsed TOML `data` onto `cfg`, checking every key and value; `source` names the file in errors.
+    Keys in `skip` (given on the command line) are not read; torchtitan-only keys are collected into `foreign`."""
+    foreign = {} if foreign is None else foreign
     where = f" in {source}"
     for section, table in data.items():
         if not isinstance(table, dict):
             # A key outside any [section] table.
             raise ConfigError(unknown_key_message(section, where))
-        _apply_table(cfg, section, table, source)
+        _apply_table(cfg, section, table, source, skip, foreign)
 
 
-def _apply_table(cfg: JobConfig, section: str, table: Mapping[str, Any], source: str) -> None:
+def _apply_table(
+    cfg: JobConfig, section: str, table: Mapping[str, Any], source: str, skip: frozenset[str], foreign: ForeignValues
+) -> None:
     """Overlay the TOML table of `section`; a table inside it is a nested section (``[quantize.linear.float8]``)
     unless the schema has a table-valued key of that name (``[model.args]``)."""
     where = f" in {source}"
-    if section not in section_classes():
+    known = section in section_classes()
+    if not known and section not in foreign_sections():
         raise ConfigError(
             unknown_key_message(f"{section}.{next(iter(table))}", where)
             if table
             else unknown_section_message(section, where)
         )
     for key, value in table.items():
-        spec = config_fields().get(f"{section}.{key}")
+        name = f"{section}.{key}"
+        spec = config_fields().get(name) if known else None
+        if name in skip:
+            # The command line gives this key: a file whose value has the wrong type is still broken and
+            # reported, but a valid-looking value that this run cannot use (a dataset missing here) is not.
+            if spec is not None:
+                coerce_value(spec, value, source, constraints=False)
+            continue
         if spec is not None:
             setattr(section_of(cfg, section), key, coerce_value(spec, value, source))
+        elif name in TORCHTITAN_ONLY:
+            foreign[name] = (value, source)
         elif isinstance(value, dict):  # a nested section; an unknown one is reported by its first key
-            _apply_table(cfg, f"{section}.{key}", value, source)
+            _apply_table(cfg, name, value, source, skip, foreign)
         else:
-            raise ConfigError(unknown_key_message(f"{section}.{key}", where))
+            raise ConfigError(unknown_key_message(name, where))
+
+
+def check_model_name_first(data: Mapping[str, Any], overrides: list, source: str) -> None:
+    """The family is checked before any other key: every other key's meaning depends on it."""
+    spec = config_fields()["model.name"]
+    from_cli = [value for key_spec, value in overrides if key_spec is spec]
+    if from_cli:
+        coerce_value(spec, from_cli[-1], None)
+    elif isinstance(data.get("model"), dict) and "name" in data["model"]:
+        coerce_value(spec, data["model"]["name"], source)
+
+
+def apply_foreign(cfg: JobConfig, foreign: ForeignValues) -> list[str]:
+    """Apply the torchtitan-only keys: renamed ones set their dtrain key, inert ones are returned (to be named in
+    one warning line), any other value is a one-line ConfigError that says why."""
+    inert = []
+    for name, (value, source) in foreign.items():
+        meaning = TORCHTITAN_ONLY[name]
+        if meaning.alias is not None:
+            section, _, key = meaning.alias.rpartition(".")
+            setattr(section_of(cfg, section), key, coerce_value(config_fields()[meaning.alias], value, source))
+        elif meaning.accepts(value):
+            inert.append(name)
+        else:
+            valid = ", ".join(show_value(v) for v in meaning.inert)
+            where = f" (in {source})" if source else ""
+            raise ConfigError(
+                f"{name} = {show_value(value)} is not supported: {meaning.reason} (valid: {valid}){where}"
+            )
+    return inert
 
 
 def load_config(
@@ -110,8 +174,14 @@ def load_config(
     name = parsed.config if parsed.config is not None else (env.get(ENV_CONFIG_FILE) or DEFAULT_CONFIG_NAME)
     path = resolve_config_file(name, configs_dir if configs_dir is not None else default_configs_dir(env))
 
+    data = read_toml(path)
+    check_model_name_first(data, parsed.overrides, str(path))
     cfg = JobConfig()
-    apply_toml(cfg, read_toml(path), str(path))
+    foreign: ForeignValues = {}
+    on_command_line = frozenset(spec.key for spec, _ in parsed.overrides if spec.kind != "table")
+    apply_toml(cfg, data, str(path), skip=on_command_line | set(parsed.foreign), foreign=foreign)
+    foreign.update({name: (value, "") for name, value in parsed.foreign.items()})
+    inert = apply_foreign(cfg, foreign)
     for spec, value in parsed.overrides:
         if spec.kind == "table":  # one entry per flag: merged into what the TOML file gave
             value = {**getattr(section_of(cfg, spec.section), spec.name), **value}
@@ -122,4 +192,9 @@ def load_config(
         canonical_schedule(cfg.parallelism.pipeline_parallel_schedule) or cfg.parallelism.pipeline_parallel_schedule
     )
     validate_config(cfg)
+    if inert:
+        logger.warning(
+            "torchtitan keys with no effect in dtrain, accepted: %s (docs/migrating-from-torchtitan.md)",
+            ", ".join(sorted(inert)),
+        )
     return cfg

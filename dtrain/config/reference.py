@@ -40,8 +40,13 @@ def format_reference_markdown() -> str:
     return "\n".join(lines)
 
 
+def splice_between(document: str, begin: str, end: str, text: str) -> str:
+    """`document` with what lies between the markers `begin` and `end` replaced by `text`."""
+    start = document.index(begin) + len(begin)
+    stop = document.index(end)
+    return document[:start] + "\n\n" + text + "\n" + document[stop:]
+
+
 def splice_reference(document: str) -> str:
     """`document` with the text between the markers replaced by the current reference."""
-    start = document.index(BEGIN_MARKER) + len(BEGIN_MARKER)
-    end = document.index(END_MARKER)
-    return document[:start] + "\n\n" + format_reference_markdown() + "\n" + document[end:]
+    return splice_between(document, BEGIN_MARKER, END_MARKER, format_reference_markdown())

@@ -134,8 +134,9 @@ class Training:
     dataset: str = opt(
         "builtin",
         "Data source: builtin (stdlib sources, no download), synthetic, files (text/JSONL/Parquet at dataset_path), "
-        "hf (Hugging Face datasets at dataset_path), or c4 (a local copy made by scripts/download_hf_assets.py).",
-        choices=("builtin", "synthetic", "files", "hf", "c4"),
+        "hf (Hugging Face datasets at dataset_path), or c4 (a local copy made by scripts/download_hf_assets.py; "
+        "c4_test: its first 2000 training documents, c4_validation: its validation split).",
+        choices=("builtin", "synthetic", "files", "hf", "c4", "c4_test", "c4_validation"),
     )
     dataset_path: str = opt("", "File, folder or HF dataset path/name for files, hf and c4 datasets.")
     dataset_text_field: str = opt("text", "Field holding the document text in JSONL, Parquet and HF datasets.")

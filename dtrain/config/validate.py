@@ -7,6 +7,9 @@ the world size (parallel degrees, divisibility by the data-parallel size) belong
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from dtrain.config.converters import check_converters
 from dtrain.config.fields import config_fields, section_of
 from dtrain.config.schema import JobConfig
@@ -34,6 +37,7 @@ def validate_config(cfg: JobConfig) -> None:
     _check_parallelism(cfg)
     _check_activation_checkpoint_and_compile(cfg)
     _check_data_and_tokenizer(cfg)
+    _check_validation(cfg)
     _check_profiling(cfg)
     check_converters(cfg)
 
@@ -52,6 +56,13 @@ def _check_training(cfg: JobConfig) -> None:
         )
     if not cfg.job.dump_folder:
         raise ConfigError("job.dump_folder must not be empty (it is the run directory; e.g. ./outputs)")
+    saved = cfg.job.save_config_file
+    if saved is not None and (not saved or os.path.isabs(saved) or ".." in Path(saved).parts):
+        raise ConfigError(
+            f"job.save_config_file must be a file name inside job.dump_folder (e.g. config.json); got {saved!r}"
+        )
+    if cfg.debug.deterministic_warn_only and not cfg.debug.deterministic:
+        raise ConfigError("debug.deterministic_warn_only only applies with debug.deterministic = true")
 
 
 def _check_optimizer_and_schedule(cfg: JobConfig) -> None:
@@ -118,6 +129,30 @@ def _check_data_and_tokenizer(cfg: JobConfig) -> None:
     if cfg.model.tokenizer in ("hf", "tiktoken") and not cfg.model.hf_assets_path:
         raise ConfigError(
             f"model.tokenizer = {cfg.model.tokenizer} needs model.hf_assets_path (the folder or file holding it)"
+        )
+
+
+def _check_validation(cfg: JobConfig) -> None:
+    v = cfg.validation
+    if v.steps == 0:
+        raise ConfigError("validation.steps must be -1 (the whole validation set) or a number of batches; got 0")
+    if not v.enable:
+        return
+    kinds = (*config_fields()["training.dataset"].choices, "c4_validation")
+    if v.dataset not in kinds:
+        raise ConfigError(f"validation.dataset must be one of {', '.join(kinds)}; got {show_value(v.dataset)}")
+    if v.dataset in ("files", "hf") and not v.dataset_path:
+        raise ConfigError(f"validation.dataset = {v.dataset} needs validation.dataset_path")
+    if v.dataset == "synthetic" and v.steps == -1:
+        raise ConfigError(
+            "validation.steps = -1 evaluates the whole validation set, but validation.dataset = synthetic never "
+            "ends; set validation.steps to a positive number of batches"
+        )
+    microbatch = cfg.parallelism.pipeline_parallel_microbatch_size
+    if cfg.parallelism.pipeline_parallel_degree > 1 and v.local_batch_size % microbatch:
+        raise ConfigError(
+            f"validation.local_batch_size ({v.local_batch_size}) must be a multiple of "
+            f"parallelism.pipeline_parallel_microbatch_size ({microbatch})"
         )
 
 

@@ -89,8 +89,9 @@ def parse_cli_value(spec: FieldSpec, text: str) -> Any:
     return check_constraints(spec, value)
 
 
-def coerce_value(spec: FieldSpec, value: Any, source: str | None = None) -> Any:
-    """Check a value that is already a Python object (from TOML or code) and return it in the field's type.
+def coerce_value(spec: FieldSpec, value: Any, source: str | None = None, constraints: bool = True) -> Any:
+    """Check a value that is already a Python object (from TOML or code) and return it in the field's type; with
+    `constraints`, check its choices and minimum too.
 
     Integers are accepted for float fields (TOML `lr = 1` means 1.0); nothing else is converted, so that a quoted
     number, a float for an integer, or a string for a boolean is reported rather than silently reinterpreted.
@@ -129,7 +130,7 @@ def coerce_value(spec: FieldSpec, value: Any, source: str | None = None) -> Any:
             raise _type_error(spec, value, source, "a string (quote it in TOML)")
     if not ok:
         raise _type_error(spec, value, source)
-    return check_constraints(spec, value, source)
+    return check_constraints(spec, value, source) if constraints else value
 
 
 def check_constraints(spec: FieldSpec, value: Any, source: str | None = None) -> Any:

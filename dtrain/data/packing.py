@@ -9,7 +9,7 @@ before it; the integers also keep the state free of variable-size tensors, which
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -19,13 +19,53 @@ from dtrain.data.tokenizer import Tokenizer
 from dtrain.errors import DataError
 
 PACKER_STATE_KEYS = ("epoch", "document_position", "token_offset")
+# (epoch, start) -> (epoch, position, [BOS] tokens [EOS]) for every document from there on, forever.
+TokenizedStream = Callable[[int, int], Iterator[tuple[int, int, np.ndarray]]]
+
+
+def document_passes(source: DocumentSource, epoch: int, start: int) -> Iterator[tuple[int, int, Document]]:
+    """(epoch, position, document) for every document from (epoch, start) on, pass after pass, forever."""
+    while True:
+        found = False
+        for position, document in source.documents(start):
+            found = True
+            yield epoch, position, document
+        if start == 0 and not found:
+            raise DataError(f"{source.description} holds no documents; check training.dataset_path")
+        epoch, start = epoch + 1, 0
+
+
+def document_tokens(document: Document, tokenizer: Tokenizer, description: str) -> np.ndarray:
+    """`[BOS] tokens [EOS]` of one document, as int64 (numpy, so that worker processes never run torch ops)."""
+    if isinstance(document, str):
+        document = tokenizer.encode(document)
+    if not isinstance(document, (list, tuple, np.ndarray)):
+        raise DataError(f"{description} gave a {type(document).__name__} document; expected text")
+    # Through numpy: about twice as fast as torch.tensor on a long list of Python ints.
+    ids = np.asarray(document, dtype=np.int64)
+    return np.concatenate([np.array([tokenizer.bos_id], dtype=np.int64), ids, [tokenizer.eos_id]])
+
+
+def tokenized_passes(
+    source: DocumentSource, tokenizer: Tokenizer, epoch: int, start: int
+) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(epoch, position, [BOS] tokens [EOS]) for every document from (epoch, start) on, forever."""
+    for epoch, position, document in document_passes(source, epoch, start):
+        yield epoch, position, document_tokens(document, tokenizer, source.description)
 
 
 class SequencePacker:
-    """Endless windows of `window_len` tokens over `source`, epoch after epoch in the same document order."""
+    """Endless windows of `window_len` tokens over `source`, epoch after epoch in the same document order.
 
-    def __init__(self, source: DocumentSource, tokenizer: Tokenizer, window_len: int):
+    `tokenized` tokenizes the documents elsewhere (in worker processes, see workers.py): it must give exactly what
+    `tokenized_passes` gives, in the same order. None tokenizes here, with `tokenized_passes`.
+    """
+
+    def __init__(
+        self, source: DocumentSource, tokenizer: Tokenizer, window_len: int, tokenized: TokenizedStream | None = None
+    ):
         self.source, self.tokenizer, self.window_len = source, tokenizer, window_len
+        self._tokenize_from = tokenized or (lambda epoch, start: tokenized_passes(source, tokenizer, epoch, start))
         # Tokenized documents not yet fully emitted, as (epoch, position, tokens); the first is emitted up to
         # _head_offset. Whole documents are kept so a window never copies more than it emits.
         self._chunks: deque[tuple[int, int, torch.Tensor]] = deque()
@@ -34,15 +74,24 @@ class SequencePacker:
         # Where reading continues once _chunks is empty: the epoch and the next source position, and the tokens
         # of the first document read there that a resumed run already emitted.
         self._epoch, self._next_position, self._pending_skip = 0, 0, 0
-        self._tokenized: Iterator[tuple[int, int, torch.Tensor]] | None = None
+        self._tokenized: Iterator[tuple[int, int, np.ndarray]] | None = None
+        # What the document stream raised: raised again by every later call (the stream is over) until a load.
+        self._failure: Exception | None = None
 
     def next_windows(self, count: int) -> torch.Tensor:
         """The next `count` windows of the stream, as a LongTensor[count, window_len]."""
         needed = count * self.window_len
+        if self._failure is not None:
+            raise self._failure
         if self._tokenized is None:
-            self._tokenized = self._tokenized_documents(self._epoch, self._next_position)
+            self._tokenized = self._checked_text(self._epoch, self._next_position)
         while self._buffered < needed:
-            self._append(*next(self._tokenized))
+            try:
+                epoch, position, tokens = next(self._tokenized)
+            except Exception as exc:
+                self._failure = exc
+                raise
+            self._append(epoch, position, torch.from_numpy(tokens))
         pieces, remaining = [], needed
         while remaining:
             epoch, position, tokens = self._chunks[0]
@@ -71,32 +120,20 @@ class SequencePacker:
         self._chunks.append((epoch, position, tokens))
         self._buffered += len(tokens) - skip
 
-    def _tokenized_documents(self, epoch: int, start: int) -> Iterator[tuple[int, int, torch.Tensor]]:
-        """(epoch, position, [BOS] tokens [EOS]) for every document from (epoch, start) on, forever."""
-        while True:
-            found = has_text = False
-            for position, document in self.source.documents(start):
-                tokens = self._tokens(document)
-                found, has_text = True, has_text or len(tokens) > 2
-                yield epoch, position, tokens
-            if start == 0 and not found:
-                raise DataError(f"{self.source.description} holds no documents; check training.dataset_path")
-            if start == 0 and not has_text:
-                # Else it would train on BOS/EOS pairs alone, epoch after epoch, and look healthy.
-                raise DataError(f"{self.source.description} holds no text (every document is empty)")
-            epoch, start = epoch + 1, 0
+    def _checked_text(self, epoch: int, start: int) -> Iterator[tuple[int, int, np.ndarray]]:
+        """The tokenized stream from (epoch, start); DataError once a whole pass held no text."""
+        whole_pass, has_text = start == 0, False
+        for item in self._tokenize_from(epoch, start):
+            if item[0] != epoch:
+                if whole_pass and not has_text:
+                    # Else it would train on BOS/EOS pairs alone, epoch after epoch, and look healthy.
+                    raise DataError(f"{self.source.description} holds no text (every document is empty)")
+                epoch, whole_pass, has_text = item[0], True, False
+            has_text = has_text or len(item[2]) > 2
+            yield item
 
     def _tokens(self, document: Document) -> torch.Tensor:
-        if isinstance(document, str):
-            document = self.tokenizer.encode(document)
-        if isinstance(document, (list, tuple, np.ndarray)):
-            # Through numpy: about twice as fast as torch.tensor on a long list of Python ints.
-            ids = torch.from_numpy(np.asarray(document, dtype=np.int64))
-        else:
-            raise DataError(f"{self.source.description} gave a {type(document).__name__} document; expected text")
-        bos = torch.tensor([self.tokenizer.bos_id], dtype=torch.long)
-        eos = torch.tensor([self.tokenizer.eos_id], dtype=torch.long)
-        return torch.cat([bos, ids, eos])
+        return torch.from_numpy(document_tokens(document, self.tokenizer, self.source.description))
 
     def state_dict(self) -> dict[str, int]:
         """The stream position: epoch, source position of the next unfinished document, tokens of it emitted."""
@@ -112,4 +149,12 @@ class SequencePacker:
         self._epoch = int(state["epoch"])
         self._next_position = int(state["document_position"])
         self._pending_skip = int(state["token_offset"])
-        self._tokenized = None
+        self._tokenized, self._failure = None, None
+
+
+def windows_per_pass(source: DocumentSource, tokenizer: Tokenizer, window_len: int) -> int:
+    """How many whole windows of `window_len` tokens one pass over `source` packs into (reads all of it)."""
+    if source.endless:
+        raise DataError(f"{source.description} never ends: it has no number of windows per pass")
+    packer = SequencePacker(source, tokenizer, window_len)
+    return sum(len(packer._tokens(document)) for _, document in source.documents(0)) // window_len

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sysconfig
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Union
@@ -20,14 +21,22 @@ from dtrain.config.schema import Training
 from dtrain.data.file_readers import FILE_STRIDE, SUPPORTED_SUFFIXES, read_file_documents
 from dtrain.data.tokenizer import Tokenizer
 from dtrain.errors import DataError
+from dtrain.rng import derive_seed
 
 Document = Union[str, Sequence[int], np.ndarray]
+# The built-in corpus keeps one file in this many out of training, for validation (see BuiltinSource).
+BUILTIN_HELD_OUT_EVERY = 20
+SPLITS = ("train", "validation")
+# torchtitan's names of the local C4 copy's parts (see hf_source.C4_KINDS; kept here so no import of datasets).
+C4_NAMES = ("c4", "c4_test", "c4_validation")
 
 
 class DocumentSource(ABC):
     """An ordered, re-iterable collection of documents addressed by increasing positions."""
 
     description: str
+    # True for a source that never runs out of documents (a pass over it never ends).
+    endless: bool = False
 
     @abstractmethod
     def documents(self, start: int = 0) -> Iterator[tuple[int, Document]]:
@@ -39,13 +48,21 @@ class BuiltinSource(DocumentSource):
 
     Files are sorted by their path inside the stdlib folder; installed packages (site-packages) are left out so
     that the corpus depends only on the Python version. A file that cannot be read or is not UTF-8 is skipped.
-    The position of a document is its file's index in that sorted list.
+
+    The corpus is split in two, whatever the run: about one file in BUILTIN_HELD_OUT_EVERY (those whose path's
+    CRC-32 is a multiple of it, so a file's side depends on its path alone) is held out for validation
+    (`split="validation"`), and training (`split="train"`) reads all the others, with validation on or off.
+    The position of a document is its file's index in the sorted list of its split.
     """
 
-    def __init__(self, root: str | None = None):
+    def __init__(self, root: str | None = None, split: str = "train"):
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.root = root or sysconfig.get_paths()["stdlib"]
-        self.files = _python_files(self.root)
-        self.description = f"builtin corpus ({len(self.files)} .py files under {self.root})"
+        self.split = split
+        self.files = [f for f in _python_files(self.root) if _held_out(f, self.root) == (split == "validation")]
+        part = "training part" if split == "train" else f"held-out part, 1 file in ~{BUILTIN_HELD_OUT_EVERY}"
+        self.description = f"builtin corpus, {part} ({len(self.files)} .py files under {self.root})"
         if not self.files:
             raise DataError(f"training.dataset = 'builtin' found no .py files under {self.root!r}; use another dataset")
 
@@ -56,6 +73,12 @@ class BuiltinSource(DocumentSource):
                     yield index, f.read().decode("utf-8")
             except (OSError, UnicodeDecodeError):
                 continue
+
+
+def _held_out(path: str, root: str) -> bool:
+    """Whether the built-in corpus keeps the file at `path` for validation (CRC-32 of its path under `root`)."""
+    relative = os.path.relpath(path, root).replace(os.sep, "/")
+    return zlib.crc32(relative.encode()) % BUILTIN_HELD_OUT_EVERY == 0
 
 
 def _python_files(root: str) -> list[str]:
@@ -73,6 +96,8 @@ class SyntheticSource(DocumentSource):
     Document i depends only on (seed, i), so seeking is free and any rank or resumed run sees the same data.
     For tests and benchmarks: it needs no tokenizer work and no files.
     """
+
+    endless = True
 
     def __init__(self, seed: int, vocab_size: int, seq_len: int):
         self.seed, self.vocab_size, self.max_length = seed, vocab_size, 2 * seq_len
@@ -125,18 +150,26 @@ def _data_files(path: str) -> list[str]:
     return sorted(found, key=lambda p: os.path.relpath(p, path).replace(os.sep, "/"))
 
 
-def build_source(training: Training, tokenizer: Tokenizer, *, seed: int) -> DocumentSource:
-    """The document source that `training.dataset` names; `seed` (debug.seed) drives the synthetic one."""
+def build_source(training: Training, tokenizer: Tokenizer, *, seed: int, split: str = "train") -> DocumentSource:
+    """The document source that `training.dataset` names; `seed` (debug.seed) drives the synthetic one.
+
+    `split="validation"` asks for held-out data: the built-in corpus's held-out part, synthetic documents from
+    another seed; other kinds are read as `training.dataset_path` names them.
+    """
     kind = training.dataset
     if kind == "builtin":
-        return BuiltinSource()
+        return BuiltinSource(split=split)
     if kind == "synthetic":
-        return SyntheticSource(seed, tokenizer.vocab_size, training.seq_len)
+        stream_seed = seed if split == "train" else derive_seed(seed, split)
+        return SyntheticSource(stream_seed, tokenizer.vocab_size, training.seq_len)
     if kind == "files":
         return FilesSource(training.dataset_path, training.dataset_text_field)
-    if kind in ("hf", "c4"):
+    if kind in ("hf", *C4_NAMES):
         from dtrain.data.hf_source import C4_DEFAULT_PATH, HFSource
 
-        path = training.dataset_path or (C4_DEFAULT_PATH if kind == "c4" else "")
+        # c4_validation is C4's held-out split by its name, whatever `split` asks.
+        path = training.dataset_path or (C4_DEFAULT_PATH if kind != "hf" else "")
         return HFSource(path, training.dataset_text_field, kind)
-    raise DataError(f"training.dataset = {kind!r} is not one of builtin, synthetic, files, hf, c4")
+    raise DataError(
+        f"training.dataset = {kind!r} is not one of builtin, synthetic, files, hf, {', '.join(C4_NAMES)}"
+    )

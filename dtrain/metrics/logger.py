@@ -20,9 +20,10 @@ from typing import Any, Mapping
 import torch
 
 from dtrain.config.schema import Metrics
+from dtrain.metrics.console_color import colored, console_is_terminal
 from dtrain.metrics.device_peaks import device_peak_flops
 from dtrain.metrics.memory import peak_memory_gib
-from dtrain.metrics.sinks import JsonlWriter, TensorBoardWriter
+from dtrain.metrics.sinks import JsonlWriter, TensorBoardWriter, WandbWriter
 
 logger = logging.getLogger(__name__)
 
@@ -74,34 +75,35 @@ def _number(value: float | None, spec: str) -> str:
 MOE_IMBALANCE = "moe/load_imbalance_max"
 
 
-def format_line(record: Mapping[str, Any], total_steps: int) -> str:
-    """The one console line of a logged step."""
+def format_line(record: Mapping[str, Any], total_steps: int, color: bool = False) -> str:
+    """The one console line of a logged step; with `color`, each field in its ANSI colour (for a terminal)."""
     mfu = record["mfu"]
-    return "  ".join(
-        (
-            f"step {record['step']:>{len(str(total_steps))}}/{total_steps}",
-            f"loss {_number(record.get('loss'), '.4f')}",
-            f"grad_norm {_number(record.get('grad_norm'), '.3f')}",
-            f"lr {_number(record.get('lr'), '.2e')}",
-            f"tps {record['tps']:,.0f}",
-            f"tflops {record['tflops']:.2f}",
-            f"mfu {'-' if mfu is None else f'{mfu:.2f}%'}",
-            f"mem {record['memory_gib']:.2f}GiB",
-            f"eta {format_duration(record['eta_s'])}",
-            # MoE models: the busiest expert's load over the mean, in the worst layer (per layer in the files).
-            *([f"moe_imbalance {record[MOE_IMBALANCE]:.2f}"] if MOE_IMBALANCE in record else []),
-        )
+    fields = (
+        f"step {record['step']:>{len(str(total_steps))}}/{total_steps}",
+        f"loss {_number(record.get('loss'), '.4f')}",
+        f"grad_norm {_number(record.get('grad_norm'), '.3f')}",
+        f"lr {_number(record.get('lr'), '.2e')}",
+        f"tps {record['tps']:,.0f}",
+        f"tflops {record['tflops']:.2f}",
+        f"mfu {'-' if mfu is None else f'{mfu:.2f}%'}",
+        f"mem {record['memory_gib']:.2f}GiB",
+        f"eta {format_duration(record['eta_s'])}",
+        # MoE models: the busiest expert's load over the mean, in the worst layer (per layer in the files).
+        *([f"moe_imbalance {record[MOE_IMBALANCE]:.2f}"] if MOE_IMBALANCE in record else []),
     )
+    return "  ".join(colored(text.split(" ", 1)[0], text) if color else text for text in fields)
 
 
 class MetricsLogger:
-    """Logs the training metrics every ``metrics.log_freq`` steps: console, metrics.jsonl and TensorBoard.
+    """Logs the training metrics every ``metrics.log_freq`` steps: console, metrics.jsonl, TensorBoard, W&B.
 
     Rank 0 writes ``<dump_folder>/metrics.jsonl`` and TensorBoard events under ``<dump_folder>/<save_tb_folder>/``;
     other ranks write nothing. With ``metrics.save_for_all_ranks`` every rank r writes ``metrics_rank<r>.jsonl``
-    and ``<save_tb_folder>/rank_<r>/`` instead. Every rank computes the same record, so the loop calls ``log`` on
-    all ranks; it runs no collectives. ``cfg`` is the ``[metrics]`` section and ``total_steps`` is ``training.steps``
-    (the last step is always logged, and the ETA counts down to it).
+    and ``<save_tb_folder>/rank_<r>/`` instead. With ``metrics.enable_wandb`` the same ranks also log to a Weights &
+    Biases run created with ``run_config`` (the resolved config as a dict). Every rank computes the same record, so
+    the loop calls ``log`` on all ranks; it runs no collectives. ``cfg`` is the ``[metrics]`` section and
+    ``total_steps`` is ``training.steps`` (the last step is always logged, and the ETA counts down to it). The
+    console line is coloured when the console is a terminal, unless ``metrics.disable_color_printing``.
 
     Usage in the loop::
 
@@ -127,6 +129,8 @@ class MetricsLogger:
         num_flops_per_token: float,
         device: torch.device,
         dtype: torch.dtype,
+        *,
+        run_config: Mapping[str, Any] | None = None,
     ):
         self.log_freq = cfg.log_freq
         self.total_steps = total_steps
@@ -136,6 +140,8 @@ class MetricsLogger:
         self.peak_flops = device_peak_flops(device, dtype)
         self._jsonl: JsonlWriter | None = None
         self._tensorboard: TensorBoardWriter | None = None
+        self._wandb: WandbWriter | None = None
+        self._color = not cfg.disable_color_printing
         if rank == 0 or cfg.save_for_all_ranks:
             dump_folder = Path(dump_folder)
             per_rank = cfg.save_for_all_ranks
@@ -143,6 +149,8 @@ class MetricsLogger:
             if cfg.enable_tensorboard:
                 tb_folder = dump_folder / cfg.save_tb_folder
                 self._tensorboard = TensorBoardWriter(tb_folder / f"rank_{rank}" if per_rank else tb_folder)
+            if cfg.enable_wandb:
+                self._wandb = WandbWriter(dump_folder, run_config or {}, rank if per_rank else None)
         self._log_peak(device, dtype)
         self.start()
 
@@ -206,19 +214,37 @@ class MetricsLogger:
             **values,
         }
         self._window_start_time, self._window_start_step = now, step
-        logger.info(format_line(record, self.total_steps))
+        logger.info(format_line(record, self.total_steps, color=self._color and console_is_terminal(logger)))
+        self._write_sinks(step, record)
+        return record
+
+    def log_validation(self, step: int, values: Mapping[str, float], seconds: float = 0.0) -> dict[str, Any]:
+        """Write one validation record, ``{"step": step, **values}`` (val_loss, val_perplexity): a console line,
+        a metrics.jsonl record of its own, and TensorBoard scalars (W&B too) of those names at ``step``.
+
+        ``seconds``, the evaluation's wall time, is left out of the throughput window it fell in.
+        """
+        self._window_start_time += seconds
+        record = {"step": step, **values}
+        shown = "  ".join(f"{name} {value:.4f}" for name, value in values.items())
+        logger.info(f"validation  step {step:>{len(str(self.total_steps))}}/{self.total_steps}  {shown}")
+        self._write_sinks(step, record)
+        return record
+
+    def _write_sinks(self, step: int, record: dict[str, Any]) -> None:
+        """Write `record` to every file and service this rank logs to (all but the console)."""
         if self._jsonl is not None:
             self._jsonl.write(record)
-        if self._tensorboard is not None:
-            self._tensorboard.write(step, record)
-        return record
+        for sink in (self._tensorboard, self._wandb):
+            if sink is not None:
+                sink.write(step, record)
 
     def close(self) -> None:
         """Flush and close the metrics files (safe to call more than once)."""
-        for sink in (self._jsonl, self._tensorboard):
+        for sink in (self._jsonl, self._tensorboard, self._wandb):
             if sink is not None:
                 sink.close()
-        self._jsonl = self._tensorboard = None
+        self._jsonl = self._tensorboard = self._wandb = None
 
     def __enter__(self) -> MetricsLogger:
         return self

@@ -1,11 +1,16 @@
-"""Where logged metrics go besides the console: a JSON-lines file and TensorBoard event files."""
+"""Where logged metrics go besides the console: a JSON-lines file, TensorBoard event files and Weights & Biases."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import sys
+from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
+
+from dtrain.errors import ConfigError
 
 
 def _json_safe(value: Any) -> Any:
@@ -51,3 +56,43 @@ class TensorBoardWriter:
     def close(self) -> None:
         self._writer.flush()
         self._writer.close()
+
+
+def check_wandb_installed(enable_wandb: bool) -> None:
+    """With metrics.enable_wandb, refuse at start-up (before the run folder is touched) when wandb is missing."""
+    # find_spec, not an import: wandb takes seconds to import, and only the ranks that log need it.
+    installed = sys.modules["wandb"] is not None if "wandb" in sys.modules else find_spec("wandb") is not None
+    if enable_wandb and not installed:
+        raise ConfigError(
+            "metrics.enable_wandb = true needs the wandb package: pip install wandb, or set "
+            "metrics.enable_wandb = false"
+        )
+
+
+class WandbWriter:
+    """Logs each numeric field of a record to a Weights & Biases run at the record's step.
+
+    The run is created here with the resolved config. WANDB_PROJECT names the project (default "dtrain"); wandb
+    itself reads the rest of the user's WANDB_* settings (WANDB_MODE=offline, WANDB_ENTITY, WANDB_NAME,
+    WANDB_RUN_ID, ...), which are left alone. Its files go under the run folder unless WANDB_DIR says otherwise.
+    `rank` is given when every rank logs (metrics.save_for_all_ranks): each rank is then its own run, named after it.
+    """
+
+    def __init__(self, run_dir: Path, config: Mapping[str, Any], rank: int | None = None):
+        import wandb
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        options: dict[str, Any] = {"project": os.environ.get("WANDB_PROJECT", "dtrain"), "config": dict(config)}
+        if "WANDB_DIR" not in os.environ:
+            options["dir"] = str(run_dir)
+        if rank is not None:
+            base = os.environ.get("WANDB_NAME", run_dir.name)
+            options.update(name=f"{base}-rank{rank}", group=os.environ.get("WANDB_RUN_GROUP", base))
+        self._run = wandb.init(**options)
+
+    def write(self, step: int, record: dict[str, Any]) -> None:
+        values = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
+        self._run.log(values, step=step)
+
+    def close(self) -> None:
+        self._run.finish()

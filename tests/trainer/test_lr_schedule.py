@@ -44,3 +44,20 @@ def test_scheduler_drives_optimizer_lr():
         opt.step()
         sched.step()
     assert seen == pytest.approx([1 / 5, 2 / 5, 3 / 5])
+
+
+def test_total_steps_decouples_the_schedule_from_the_run_length():
+    # torchtitan's lr_scheduler.total_steps: a 4-step run follows the first 4 steps of a 10-step schedule.
+    def lrs(training_steps, **kw):
+        p = torch.nn.Parameter(torch.zeros(2))
+        opt = torch.optim.AdamW([p], lr=1.0)
+        sched = build_lr_scheduler(opt, training_steps, LRScheduler(warmup_steps=2, **kw))
+        seen = []
+        for _ in range(training_steps):
+            seen.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return seen
+
+    assert lrs(4, total_steps=10) == pytest.approx(lrs(10)[:4])
+    assert lrs(4) != pytest.approx(lrs(10)[:4])

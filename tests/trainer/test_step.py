@@ -108,3 +108,14 @@ def test_step_advances_state_and_reports_tensors():
     assert metrics["grad_norm"].item() > 1e-3  # the norm before clipping is reported
     assert metrics["lr"] == pytest.approx(1e-2 / 3)
     assert all(p.grad is None for p in state.parameters)  # zeroed for the next step
+
+
+def test_deterministic_warn_only_warns_instead_of_raising():
+    from dtrain.rng import set_determinism
+
+    try:
+        set_determinism(True, warn_only=True)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
