@@ -13,7 +13,6 @@ stdlib's .py files), tokenized with a byte-level BPE trained here on part of it 
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import platform
 import statistics

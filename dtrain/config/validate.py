@@ -138,7 +138,7 @@ def _check_validation(cfg: JobConfig) -> None:
         raise ConfigError("validation.steps must be -1 (the whole validation set) or a number of batches; got 0")
     if not v.enable:
         return
-    kinds = (*config_fields()["training.dataset"].choices, "c4_validation")
+    kinds = config_fields()["training.dataset"].choices
     if v.dataset not in kinds:
         raise ConfigError(f"validation.dataset must be one of {', '.join(kinds)}; got {show_value(v.dataset)}")
     if v.dataset in ("files", "hf") and not v.dataset_path:

@@ -125,8 +125,8 @@ def test_without_config_the_known_names_are_used(tmp_path):
         ("{not json", "cannot read .*tokenizer_config.json.*fix it or remove it"),
         ("[1, 2]", "tokenizer_config.json' must hold a JSON object"),
         (json.dumps({"bos_token": 5}), "bos_token must be a string or an AddedToken dict"),
-        (json.dumps({"added_tokens_decoder": {"7": {"special": True}}}), r"added_tokens_decoder\['7'\] has no 'content'"),
-        (json.dumps({"added_tokens_decoder": {"bos": added_token("<s>")}}), "must map a token id to an AddedToken dict"),
+        (json.dumps({"added_tokens_decoder": {"7": {"special": True}}}), r"decoder\['7'\] has no 'content'"),
+        (json.dumps({"added_tokens_decoder": {"bos": added_token("<s>")}}), "must map a token id to an AddedToken"),
     ],
 )
 def test_a_bad_tokenizer_config_is_a_data_error_naming_the_file(tmp_path, config, message):
