@@ -60,12 +60,27 @@ def assert_same_batches(got, expected):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+# Loading threads and workers alive when the current test started: loaders of earlier tests in the session
+# (training states kept by module fixtures, say) are not this test's to stop.
+_EARLIER: set = set()
+
+
+@pytest.fixture(autouse=True)
+def _earlier_background():
+    _EARLIER.clear()
+    _EARLIER.update(threading.enumerate(), multiprocessing.active_children())
+    yield
+
+
 def no_background_left():
-    """Wait (briefly) until no loading thread or worker process of ours is alive; True when none is."""
+    """Wait (briefly) until no loading thread or worker process started by this test is alive; True when none is."""
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        threads = [t for t in threading.enumerate() if t.name == "dtrain-data-loading"]
-        workers = [p for p in multiprocessing.active_children() if p.name.startswith("dtrain-data-worker")]
+        threads = [t for t in threading.enumerate() if t.name == "dtrain-data-loading" and t not in _EARLIER]
+        workers = [
+            p for p in multiprocessing.active_children()
+            if p.name.startswith("dtrain-data-worker") and p not in _EARLIER
+        ]
         if not threads and not workers:
             return True
         time.sleep(0.05)
