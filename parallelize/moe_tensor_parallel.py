@@ -10,7 +10,7 @@ parallel), as torchtitan lays them out when ``expert_tensor_parallel_degree`` is
   process does for the same batch.
 - Their weights become Replicate DTensors on the tp mesh (every parameter of a TP model lives there: the
   optimizer's foreach step cannot mix DTensors with plain tensors, and FSDP shards the block as one unit) but are
-  computed with as local tensors: sorting, grouped GEMMs and all-to-alls run on plain tensors, which DTensor
+  computed through their local tensors: sorting, grouped GEMMs and all-to-alls run on plain tensors, which DTensor
   does not cover. A gradient computed from the same tokens on every rank is whole and equal everywhere, which is
   what a Replicate gradient is.
 - With expert parallel the routed experts belong to the ``ep`` mesh instead (expert_parallel.py): ep is made of
