@@ -21,3 +21,10 @@ class DataError(DtrainError):
     """A dataset, file or tokenizer cannot be used as configured."""
 
     exit_code = 2
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when the message is empty), for one-line errors
+    that quote what a library raised."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -23,7 +23,7 @@ from dtrain.checkpoint import CheckpointManager, PreemptionWatcher
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_dataloader
 from dtrain.distributed import World, init_world, is_timeout, set_collective_timeout
-from dtrain.errors import DtrainError
+from dtrain.errors import DtrainError, first_line
 from dtrain.float8 import build_float8_training
 from dtrain.mx import build_mx_training
 from dtrain.layout import ParallelLayout, build_layout
@@ -213,7 +213,7 @@ def run_loop(
 
 
 def timed_out(cfg: JobConfig, err: BaseException) -> DtrainError:
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    first = first_line(err)
     return DtrainError(
         f"a collective timed out, so a rank hung or died (comm.init_timeout_seconds = "
         f"{cfg.comm.init_timeout_seconds} until the first step is done, comm.train_timeout_seconds = "

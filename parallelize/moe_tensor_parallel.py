@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInputOutput, RowwiseParallel
 
 from dtrain.models.moe import GroupedExperts, TokenChoiceTopKRouter, run_experts
-from dtrain.parallelize.tensor_parallel import TPPlan
+from dtrain.parallelize.tensor_parallel import TPPlan, replicate_params
 
 ROUTED_EXPERTS = "moe.experts"
 
@@ -44,11 +44,7 @@ class LocalReplicate(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         for owner in module.modules():
-            for name, param in list(owner.named_parameters(recurse=False)):
-                if not isinstance(param, DTensor):
-                    # from_local: no communication; the values are set by the initialisation that follows.
-                    replicated = DTensor.from_local(param.data, device_mesh, [Replicate()], run_check=False)
-                    owner.register_parameter(name, nn.Parameter(replicated, requires_grad=param.requires_grad))
+            replicate_params(owner, device_mesh)
         module.forward = functools.partial(self.local_forward, module)
         return module
 

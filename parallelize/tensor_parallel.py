@@ -54,13 +54,9 @@ class ReplicateParallel(ParallelStyle):
     """
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        return distribute_module(module, device_mesh, self._replicate_params, self._to_dtensor, self._to_local)
-
-    @staticmethod
-    def _replicate_params(name: str, module: nn.Module, device_mesh: DeviceMesh) -> None:
-        for param_name, param in list(module.named_parameters(recurse=False)):
-            replicated = DTensor.from_local(param.data, device_mesh, [Replicate()], run_check=False)
-            module.register_parameter(param_name, nn.Parameter(replicated, requires_grad=param.requires_grad))
+        return distribute_module(
+            module, device_mesh, lambda _, owner, mesh: replicate_params(owner, mesh), self._to_dtensor, self._to_local
+        )
 
     @staticmethod
     def _to_dtensor(module: nn.Module, inputs: tuple, device_mesh: DeviceMesh) -> tuple:
@@ -77,6 +73,15 @@ class ReplicateParallel(ParallelStyle):
 
     def __repr__(self) -> str:
         return "ReplicateParallel()"
+
+
+def replicate_params(module: nn.Module, device_mesh: DeviceMesh) -> None:
+    """`module`'s own parameters that are not DTensors yet become Replicate DTensors on `device_mesh`. With
+    ``from_local``: no communication; the values are set by the initialisation that follows parallelization."""
+    for param_name, param in list(module.named_parameters(recurse=False)):
+        if not isinstance(param, DTensor):
+            replicated = DTensor.from_local(param.data, device_mesh, [Replicate()], run_check=False)
+            module.register_parameter(param_name, nn.Parameter(replicated, requires_grad=param.requires_grad))
 
 
 def modules_at(model: nn.Module, path: str) -> list[nn.Module]:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from dtrain.errors import DtrainError
+from dtrain.errors import DtrainError, first_line
 
 T = TypeVar("T")
 # How often a blocked producer or consumer looks for a stop request or a dead peer.
@@ -27,11 +27,6 @@ class BackgroundError(RuntimeError):
 
 class Stopped(Exception):
     """Raised inside a producer that was asked to stop while it waited (it ends the thread quietly)."""
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def background_error(exc: BaseException, where: str) -> BaseException:

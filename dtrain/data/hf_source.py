@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dtrain.data.sources import Document, DocumentSource
-from dtrain.errors import DataError
+from dtrain.errors import DataError, first_line
 
 C4_DEFAULT_PATH = "./assets/datasets/c4"
 # torchtitan's c4_test is the first 2K documents of C4's train split (pytorch/torchtitan#512).
@@ -50,11 +50,6 @@ def c4_download_hint(kind: str, path: str) -> str:
     """The command that fetches what C4 name `kind` reads into `path`."""
     split_flag = " --split validation" if C4_KINDS[kind][0] == "validation" else ""
     return f"run `python scripts/download_hf_assets.py --dataset c4{split_flag} --num_shards 1 --local_dir {path}`"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class HFSource(DocumentSource):
@@ -92,7 +87,7 @@ class HFSource(DocumentSource):
         try:
             loaded = self._datasets.load_from_disk(self.path)
         except Exception as exc:  # datasets raises FileNotFoundError, ValueError, ... for a damaged folder
-            raise DataError(f"cannot load Hugging Face dataset {self.path!r} ({_first_line(exc)})") from exc
+            raise DataError(f"cannot load Hugging Face dataset {self.path!r} ({first_line(exc)})") from exc
         if isinstance(loaded, self._datasets.DatasetDict):
             if self.split not in loaded:
                 raise DataError(
@@ -125,7 +120,7 @@ class HFSource(DocumentSource):
             return self._datasets.load_dataset(*args, split=self.split, streaming=True, **kwargs)
         except Exception as exc:  # no data files, unknown split, unreadable files, ...
             raise DataError(
-                f"cannot load Hugging Face dataset {self.path!r} ({_first_line(exc)})" + self._fetch_suffix()
+                f"cannot load Hugging Face dataset {self.path!r} ({first_line(exc)})" + self._fetch_suffix()
             ) from exc
 
     def _fetch_suffix(self) -> str:

@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from dtrain.data.tokenizer import DOWNLOAD_HINT, Tokenizer
-from dtrain.errors import DataError
+from dtrain.errors import DataError, first_line
 
 logger = logging.getLogger("dtrain")
 
@@ -25,11 +25,6 @@ BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "<|startoftext|>", 
 EOS_NAMES = ("<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<|endoftext|>")
 # transformers' named special tokens, in the order it adds the missing ones.
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def read_tokenizer_config(tokenizer_file: str) -> tuple[str, dict[str, Any]]:
@@ -41,7 +36,7 @@ def read_tokenizer_config(tokenizer_file: str) -> tuple[str, dict[str, Any]]:
         with open(config_file, encoding="utf-8") as f:
             config = json.load(f)
     except (OSError, ValueError) as exc:
-        raise DataError(f"cannot read {config_file!r} ({_first_line(exc)}); fix it or remove it") from exc
+        raise DataError(f"cannot read {config_file!r} ({first_line(exc)}); fix it or remove it") from exc
     if not isinstance(config, dict):
         raise DataError(f"{config_file!r} must hold a JSON object, got {type(config).__name__}")
     return config_file, config
@@ -92,7 +87,7 @@ class HFTokenizer(Tokenizer):
             self._tokenizer = RustTokenizer.from_file(path)
         except Exception as exc:  # the Rust side raises plain Exception for any malformed file
             raise DataError(
-                f"cannot load Hugging Face tokenizer {path!r} ({_first_line(exc)}); {DOWNLOAD_HINT}"
+                f"cannot load Hugging Face tokenizer {path!r} ({first_line(exc)}); {DOWNLOAD_HINT}"
             ) from exc
         self.path = path
         config_file, config = read_tokenizer_config(path)

@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from dtrain.data.background import BackgroundError, Stopped, background_error, first_line
+from dtrain.data.background import BackgroundError, Stopped, background_error
 from dtrain.data.packing import document_passes, document_tokens
 from dtrain.data.sources import DocumentSource
 from dtrain.data.tokenizer import Tokenizer
-from dtrain.errors import DataError
+from dtrain.errors import DataError, first_line
 
 # Documents per message: enough to amortize pickling and the pipe, few enough to keep the first batch quick.
 DOCUMENTS_PER_GROUP = 16
