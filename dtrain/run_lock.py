@@ -119,6 +119,7 @@ def locked_run_folder(folder: Path, rank: int, distributed: bool) -> Iterator[Pa
     refused launch ends on all ranks at once instead of leaving the others waiting in their first collective."""
     lock = RunLock(folder)
     refusal: list[str | None] = [None]
+    created = rank == 0 and not folder.exists()
     if rank == 0:
         folder.mkdir(parents=True, exist_ok=True)
         try:
@@ -133,3 +134,8 @@ def locked_run_folder(folder: Path, rank: int, distributed: bool) -> Iterator[Pa
         yield folder
     finally:
         lock.release()
+        if created:
+            # A run refused at start-up (bad data, say) leaves no trace, not even the folder it made; rmdir
+            # removes only an empty folder (another rank may be writing into it still).
+            with contextlib.suppress(OSError):
+                folder.rmdir()

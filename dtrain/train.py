@@ -63,6 +63,7 @@ def build_train_state(
     lr_scheduler = build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler)
     rank = layout.rank
     dataloader = build_dataloader(cfg.training, tokenizer, rank.dp_rank, rank.dp_size, seed=cfg.debug.seed)
+    logger.info(f"data: {dataloader.description}")
     loss_fn = cross_entropy_sum
     if cfg.compile.enable and "loss" in cfg.compile.components:
         loss_fn = torch.compile(loss_fn, backend=cfg.compile.backend)

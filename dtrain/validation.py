@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from dtrain.config.schema import JobConfig, Training
-from dtrain.data import DataLoader, DocumentSource, Tokenizer, build_source
-from dtrain.data.packing import windows_per_pass
+from dtrain.data import DataLoader, Tokenizer
+from dtrain.data.dataloader import Source, build_sample_source
 from dtrain.errors import ConfigError, DataError
 from dtrain.state import RankCoordinates, TrainState
 from dtrain.step import IGNORE_INDEX
@@ -139,16 +139,15 @@ def _nested(first: str, second: str) -> bool:
     return bool(first and second) and os.path.commonpath([first, second]) in (first, second)
 
 
-def build_source_for_validation(cfg: JobConfig, tokenizer: Tokenizer) -> DocumentSource:
+def build_source_for_validation(cfg: JobConfig, tokenizer: Tokenizer) -> Source:
     """The validation source; a problem with it is reported under the validation keys that name it."""
     try:
-        source = build_source(validation_data(cfg), tokenizer, seed=cfg.debug.seed, split="validation")
-        if next(source.documents(0), None) is None:
-            raise DataError(f"{source.description} holds no documents")
+        return build_sample_source(
+            validation_data(cfg), tokenizer, seed=cfg.debug.seed, split="validation", key="validation"
+        )
     except DataError as err:
         # The data functions name the [training] keys they read; here the [validation] keys gave them.
         raise DataError(str(err).replace("training.dataset", "validation.dataset")) from None
-    return source
 
 
 def build_validator(
@@ -160,11 +159,17 @@ def build_validator(
         return None
     overlap = check_not_training_data(cfg.training, validation_data(cfg))
     source = build_source_for_validation(cfg, tokenizer)
+    # One loader, rewound to the start of the validation set for every evaluation: [validation.dataloader] loads
+    # ahead in the background like training's, and with persistent_workers its worker processes stay alive.
+    loader = DataLoader(
+        source, tokenizer, v.seq_len, v.local_batch_size, rank.dp_rank, rank.dp_size,
+        document_masking=cfg.training.attention_mask == "block_causal", background=v.dataloader,
+    )
     global_batch = rank.dp_size * v.local_batch_size
     if v.steps > 0:
         batches, extent = v.steps, f"{v.steps} batch(es)"
     else:  # the whole set (config validation refuses -1 for a source that never ends): its full global batches
-        batches = windows_per_pass(source, tokenizer, v.seq_len + 1) // global_batch
+        batches = loader.samples_per_pass() // global_batch
         if batches == 0:
             raise DataError(
                 f"validation: {source.description} holds fewer than one global batch of {global_batch} sequences of "
@@ -175,13 +180,6 @@ def build_validator(
     logger.info(
         "validation every %d steps: %s of %d x %d per dp rank from %s (%s)",
         v.freq, extent, v.local_batch_size, v.seq_len, source.description, overlap,
-    )
-
-    # One loader, rewound to the start of the validation set for every evaluation: [validation.dataloader] loads
-    # ahead in the background like training's, and with persistent_workers its worker processes stay alive.
-    loader = DataLoader(
-        source, tokenizer, v.seq_len, v.local_batch_size, rank.dp_rank, rank.dp_size,
-        document_masking=cfg.training.attention_mask == "block_causal", background=v.dataloader,
     )
     start = loader.state_dict()
 

@@ -50,6 +50,8 @@ class RunContext:
             "seq_len": t.seq_len,
             "dataset": t.dataset,
             "dataset_path": t.dataset_path,
+            "dataset_mixture": t.dataset_mixture,
+            "dataset_shuffle": t.dataset_shuffle,
             "dp_size": dp_size,
         }
 

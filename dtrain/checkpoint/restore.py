@@ -322,12 +322,18 @@ def load_full_state(ctx: RunContext, path: Path, record: CommitRecord) -> None:
         logger.info(f"checkpoint: not loaded (checkpoint.exclude_from_loading): {', '.join(sorted(exclude))}")
 
 
+# What the data-layout keys added after the first release were, for checkpoints that predate them.
+LAYOUT_DEFAULTS = {"dataset_mixture": [], "dataset_shuffle": True}
+
+
 def check_data_layout(ctx: RunContext, path: Path, record: CommitRecord) -> None:
     """Refuse a data position that would not continue exactly; log when it carries over to a new dp size."""
     saved, now = record.data, ctx.data_layout()
     if not saved:
         return
-    changed = [k for k in ("global_batch", "seq_len", "dataset", "dataset_path") if saved.get(k) != now[k]]
+    # Records written before a key existed hold its default.
+    saved = {**LAYOUT_DEFAULTS, **saved}
+    changed = [k for k in now if k != "dp_size" and saved.get(k) != now[k]]
     if changed:
         diffs = ", ".join(f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in changed)
         raise DtrainError(

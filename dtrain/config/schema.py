@@ -129,17 +129,29 @@ class DataLoader:
     )
 
 
+DATASET_KINDS = ("builtin", "synthetic", "files", "hf", "c4", "c4_test", "c4_validation", "tokens", "mixture")
+
+
 @dataclass
 class Training:
     dataset: str = opt(
         "builtin",
         "Data source: builtin (stdlib sources, no download), synthetic, files (text/JSONL/Parquet at dataset_path), "
-        "hf (Hugging Face datasets at dataset_path), or c4 (a local copy made by scripts/download_hf_assets.py; "
-        "c4_test: its first 2000 training documents, c4_validation: its validation split).",
-        choices=("builtin", "synthetic", "files", "hf", "c4", "c4_test", "c4_validation"),
+        "hf (Hugging Face datasets at dataset_path), c4 (a local copy made by scripts/download_hf_assets.py; "
+        "c4_test: its first 2000 training documents, c4_validation: its validation split), tokens (a folder of "
+        "token shards written by scripts/tokenize_dataset.py) or mixture (the sources of dataset_mixture).",
+        choices=DATASET_KINDS,
     )
-    dataset_path: str = opt("", "File, folder or HF dataset path/name for files, hf and c4 datasets.")
+    dataset_path: str = opt("", "File, folder or HF dataset path/name for files, hf, c4 and tokens datasets.")
     dataset_text_field: str = opt("text", "Field holding the document text in JSONL, Parquet and HF datasets.")
+    dataset_shuffle: bool = opt(
+        True, "tokens datasets: take the samples in a seeded random order, a new one each epoch (false: in order)."
+    )
+    dataset_mixture: list[list[str]] = opt(
+        [],
+        "With dataset = mixture: the sources and their weights, each [kind, weight] or [kind, path, weight], e.g. "
+        '[["tokens", "/data/web", "0.7"], ["files", "/data/code", "0.3"]]; samples interleave in proportion.',
+    )
     local_batch_size: int = opt(8, "Sequences per microbatch on each data-parallel rank.", minimum=1)
     global_batch_size: int = opt(
         -1, "Sequences per optimizer step over all ranks; -1 = local_batch_size × data-parallel size.", minimum=-1

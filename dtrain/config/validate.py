@@ -14,6 +14,7 @@ from dtrain.config.converters import check_converters
 from dtrain.config.fields import config_fields, section_of
 from dtrain.config.schema import JobConfig
 from dtrain.config.values import coerce_value, show_value
+from dtrain.data.mixture import MIXABLE_KINDS, parse_mixture
 from dtrain.errors import ConfigError
 from dtrain.low_bit_optim import low_bit_format
 
@@ -124,8 +125,21 @@ def _check_activation_checkpoint_and_compile(cfg: JobConfig) -> None:
 
 
 def _check_data_and_tokenizer(cfg: JobConfig) -> None:
-    if cfg.training.dataset in ("files", "hf") and not cfg.training.dataset_path:
-        raise ConfigError(f"training.dataset = {cfg.training.dataset} needs training.dataset_path")
+    t = cfg.training
+    if t.dataset in ("files", "hf", "tokens") and not t.dataset_path:
+        raise ConfigError(f"training.dataset = {t.dataset} needs training.dataset_path")
+    if t.dataset == "mixture":
+        parse_mixture(t.dataset_mixture, MIXABLE_KINDS)
+        if t.dataset_path:
+            raise ConfigError(
+                "training.dataset_path is not read with training.dataset = mixture: give each source's path in "
+                "training.dataset_mixture and leave dataset_path empty"
+            )
+    elif t.dataset_mixture:
+        raise ConfigError(
+            f"training.dataset_mixture is set but training.dataset = {t.dataset}; set training.dataset = mixture to "
+            "mix its sources, or remove it"
+        )
     if cfg.model.tokenizer in ("hf", "tiktoken") and not cfg.model.hf_assets_path:
         raise ConfigError(
             f"model.tokenizer = {cfg.model.tokenizer} needs model.hf_assets_path (the folder or file holding it)"
@@ -138,10 +152,11 @@ def _check_validation(cfg: JobConfig) -> None:
         raise ConfigError("validation.steps must be -1 (the whole validation set) or a number of batches; got 0")
     if not v.enable:
         return
-    kinds = config_fields()["training.dataset"].choices
-    if v.dataset not in kinds:
-        raise ConfigError(f"validation.dataset must be one of {', '.join(kinds)}; got {show_value(v.dataset)}")
-    if v.dataset in ("files", "hf") and not v.dataset_path:
+    if v.dataset not in MIXABLE_KINDS:
+        raise ConfigError(
+            f"validation.dataset must be one of {', '.join(MIXABLE_KINDS)}; got {show_value(v.dataset)}"
+        )
+    if v.dataset in ("files", "hf", "tokens") and not v.dataset_path:
         raise ConfigError(f"validation.dataset = {v.dataset} needs validation.dataset_path")
     if v.dataset == "synthetic" and v.steps == -1:
         raise ConfigError(

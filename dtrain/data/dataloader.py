@@ -1,9 +1,10 @@
-"""The training data loader: each data-parallel rank's slice of one global stream of packed sequences.
+"""The training data loader: each data-parallel rank's slice of one global order of fixed-length samples.
 
-Microbatch k of a run is global sequences [k * dp_size * lbs, (k + 1) * dp_size * lbs) of the packer's stream,
-and rank r takes the lbs sequences starting at r * lbs. So the global batch, and with it the loss curve, is the
-same whatever the number of ranks sharing it. The price is that every rank tokenizes the whole global batch and
-keeps only its slice; tokenizing is cheap next to a training step, and it keeps every rank's state identical.
+Microbatch k of a run is global samples [k * dp_size * lbs, (k + 1) * dp_size * lbs) of that order, and rank r
+takes the lbs samples starting at r * lbs. So the global batch, and with it the loss curve, is the same whatever
+the number of ranks sharing it. The samples come from one sample source (samples.py), or from several mixed by
+weight (mixture.py). A text source is packed as it goes, so every rank packs the whole global batch and keeps its
+slice; a pre-tokenized dataset is read at random, so every rank reads only its own samples.
 
 With document masking (``training.attention_mask = "block_causal"``) a batch also carries ``document_ids``, computed
 from the window alone, so the loader's state is the same with and without it.
@@ -18,24 +19,26 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, Union
 
-import numpy as np
 import torch
 
 from dtrain.config.schema import DataLoader as DataLoaderConfig
 from dtrain.config.schema import Training
-from dtrain.data.background import Prefetcher, Stopped
-from dtrain.data.packing import PACKER_STATE_KEYS, SequencePacker, tokenized_passes
+from dtrain.data.background import Prefetcher
+from dtrain.data.mixture import MIXABLE_KINDS, Interleave, parse_mixture
+from dtrain.data.samples import PackedSamples, SampleSource, TokenSamples
 from dtrain.data.sources import DocumentSource, build_source
+from dtrain.data.token_shards import TokenShards
 from dtrain.data.tokenizer import Tokenizer
-from dtrain.data.workers import TokenizerPool
 from dtrain.errors import DataError
 
-STATE_KEYS = ("sequences_consumed",) + PACKER_STATE_KEYS
 # Batches made ahead of the step when training.dataloader.prefetch_factor is unset (torch's DataLoader default).
 DEFAULT_PREFETCH_FACTOR = 2
+# What a loader reads: a document source (packed here), a sample source, or several of either with weights.
+Source = Union[DocumentSource, SampleSource]
 
 
 def document_ids(input_ids: torch.Tensor, bos_id: int) -> torch.Tensor:
@@ -47,20 +50,42 @@ def document_ids(input_ids: torch.Tensor, bos_id: int) -> torch.Tensor:
 
 
 class _Batches:
-    """Makes this rank's batches from the packer, each with the loader's global state right after it."""
+    """Makes this rank's batches from the sample sources, each with the loader's global state right after it."""
 
     def __init__(
-        self, packer: SequencePacker, local_batch_size: int, dp_rank: int, dp_size: int, bos_id: int | None, pin: bool
+        self,
+        sources: list[SampleSource],
+        weights: Sequence[float] | None,
+        window_len: int,
+        local_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        bos_id: int | None,
+        pin: bool,
     ):
-        self.packer, self.local_batch_size, self.dp_rank, self.dp_size = packer, local_batch_size, dp_rank, dp_size
+        self.sources, self.window_len = sources, window_len
+        self.interleave = Interleave(list(weights)) if len(sources) > 1 else None
+        self.local_batch_size, self.dp_rank, self.dp_size = local_batch_size, dp_rank, dp_size
         self.bos_id, self.pin = bos_id, pin
         self.sequences = 0
 
+    def _windows(self) -> torch.Tensor:
+        count, first, keep = self.dp_size * self.local_batch_size, self.dp_rank * self.local_batch_size, self.local_batch_size
+        if self.interleave is None:
+            return self.sources[0].take(count, first, keep)
+        # Each source hands out its samples of the global batch in its own order; this rank's are a run of them.
+        owners = torch.from_numpy(self.interleave.sources(self.sequences, count))
+        mine = owners[first : first + keep]
+        windows = torch.empty(keep, self.window_len, dtype=torch.long)
+        for index, source in enumerate(self.sources):
+            ours = mine == index
+            taken = source.take(int((owners == index).sum()), int((owners[:first] == index).sum()), int(ours.sum()))
+            windows[ours] = taken
+        return windows
+
     def next(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-        global_batch = self.packer.next_windows(self.dp_size * self.local_batch_size)
-        self.sequences += len(global_batch)
-        start = self.dp_rank * self.local_batch_size
-        windows = global_batch[start : start + self.local_batch_size]
+        windows = self._windows()
+        self.sequences += self.dp_size * self.local_batch_size
         batch = {"input_ids": windows[:, :-1].contiguous(), "labels": windows[:, 1:].contiguous()}
         if self.bos_id is not None:
             batch["document_ids"] = document_ids(batch["input_ids"], self.bos_id)
@@ -68,46 +93,38 @@ class _Batches:
             batch = {key: value.pin_memory() for key, value in batch.items()}
         return batch, self.state()
 
+    def _prefix(self, index: int) -> str:
+        # One source keeps its keys as they are (the state of a loader before mixtures existed); a mixture's
+        # sources are told apart by their index.
+        return "" if len(self.sources) == 1 else f"source{index}_"
+
     def state(self) -> dict[str, int]:
-        return {"sequences_consumed": self.sequences, **self.packer.state_dict()}
+        state = {"sequences_consumed": self.sequences}
+        for index, source in enumerate(self.sources):
+            state.update({self._prefix(index) + key: value for key, value in source.state_dict().items()})
+        return state
 
     def load(self, state: dict[str, Any]) -> None:
         self.sequences = int(state["sequences_consumed"])
-        self.packer.load_state_dict({key: int(state[key]) for key in PACKER_STATE_KEYS})
+        for index, source in enumerate(self.sources):
+            prefix = self._prefix(index)
+            source.load_state_dict({key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)})
 
 
 class _Background:
-    """The thread that makes batches ahead of the consumer and, with num_workers > 0, the worker processes that
-    tokenize for it. Both start at the first batch asked for; it holds no reference to the DataLoader, so that
-    dropping the loader can stop them."""
+    """The thread that makes batches ahead of the consumer, and the sources' worker processes. Both start at the
+    first batch asked for; it holds no reference to the DataLoader, so that dropping the loader can stop them."""
 
-    def __init__(self, config: DataLoaderConfig, source: DocumentSource, tokenizer: Tokenizer):
-        self.source, self.tokenizer = source, tokenizer
-        self.batches: _Batches | None = None  # set by the DataLoader, whose packer may read `tokenized`
+    def __init__(self, config: DataLoaderConfig, batches: _Batches):
+        self.batches = batches
         self.num_workers, self.persistent_workers = config.num_workers, config.persistent_workers
         self.depth = config.prefetch_factor or DEFAULT_PREFETCH_FACTOR
         self._prefetcher: Prefetcher | None = None
-        self._pool: TokenizerPool | None = None
-        # Set while stopping: the loading thread then leaves the batch in hand at the next document.
-        self._stopping = threading.Event()
-
-    def tokenized(self, epoch: int, start: int) -> Iterator[tuple[int, int, np.ndarray]]:
-        """The packer's tokenized documents: from the worker processes, or tokenized in the loading thread."""
-        if self._pool is not None:
-            return self._pool.stream(epoch, start, self._stopping)
-        return self._interruptible(tokenized_passes(self.source, self.tokenizer, epoch, start))
-
-    def _interruptible(self, documents: Iterator[tuple[int, int, np.ndarray]]) -> Iterator[tuple[int, int, np.ndarray]]:
-        for document in documents:
-            if self._stopping.is_set():
-                raise Stopped
-            yield document
 
     def next(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
         if self._prefetcher is None:
-            if self.num_workers and self._pool is None:
-                # Started here, in the consumer's thread, not in the loading thread.
-                self._pool = TokenizerPool(self.source, self.tokenizer, self.num_workers, self.depth)
+            for source in self.batches.sources:
+                source.start_workers()  # here, in the consumer's thread, not in the loading thread
             self._prefetcher = Prefetcher(self.batches.next, self.depth, name="dtrain-data-loading")
         return self._prefetcher.next()
 
@@ -115,35 +132,39 @@ class _Background:
         """Stop making batches (what was made ahead is dropped); stop the workers too unless `keep_workers`."""
         prefetcher, self._prefetcher = self._prefetcher, None
         if prefetcher is not None:
-            self._stopping.set()
+            for source in self.batches.sources:
+                source.interrupt(True)  # the loading thread leaves the batch in hand at the next document
             if threading.current_thread().name == "dtrain-data-loading":
                 prefetcher.stopping.set()  # a garbage collection ran the finalizer in the thread itself
             else:
                 prefetcher.close()
-            self._stopping.clear()
-        if self._pool is not None and not keep_workers:
-            pool, self._pool = self._pool, None
-            pool.close()
+            for source in self.batches.sources:
+                source.interrupt(False)
+        if not keep_workers:
+            for source in self.batches.sources:
+                source.stop_workers()
 
 
 class DataLoader:
     """An endless iterator of `{"input_ids", "labels"}` LongTensor[lbs, seq_len] CPU batches; DCP-Stateful.
 
-    With `document_masking` a batch also holds `"document_ids"` LongTensor[lbs, seq_len] (see `document_ids`).
-    Its state is global (the same on every rank) and made of plain ints: global sequences consumed and the
-    packer's position. Loading it continues with exactly the next global sequences, also under another dp_size.
+    `source` is a document source (packed here), a sample source (e.g. a pre-tokenized dataset's `TokenSamples`),
+    or a list of them mixed by `weights` (mixture.py). With `document_masking` a batch also holds
+    `"document_ids"` LongTensor[lbs, seq_len] (see `document_ids`). Its state is global (the same on every rank)
+    and made of plain ints: global sequences consumed and each source's position. Loading it continues with
+    exactly the next global sequences, also under another dp_size.
 
     `background` (training.dataloader) makes batches ahead of the step: a thread keeping `prefetch_factor` batches
-    ready, fed by `num_workers` tokenizing processes when that is above 0. None makes each batch when it is asked
-    for, in the caller's thread. `persistent_workers` keeps the worker processes when the loader is rewound with
-    `load_state_dict` (a validation loader going back to its start, a resume); without it they are stopped then and
-    new ones start with the next batch. `close()` stops the thread and the workers now; the loader closes itself
-    when it is dropped and at exit.
+    ready, fed by `num_workers` tokenizing processes per document source when that is above 0. None makes each
+    batch when it is asked for, in the caller's thread. `persistent_workers` keeps the worker processes when the
+    loader is rewound with `load_state_dict` (a validation loader going back to its start, a resume); without it
+    they are stopped then and new ones start with the next batch. `close()` stops the thread and the workers now;
+    the loader closes itself when it is dropped and at exit.
     """
 
     def __init__(
         self,
-        source: DocumentSource,
+        source: Source | Sequence[Source],
         tokenizer: Tokenizer,
         seq_len: int,
         local_batch_size: int,
@@ -152,21 +173,33 @@ class DataLoader:
         document_masking: bool = False,
         *,
         background: DataLoaderConfig | None = None,
+        weights: Sequence[float] | None = None,
     ):
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank {dp_rank} is outside [0, dp_size={dp_size})")
-        self.source, self.seq_len, self.local_batch_size = source, seq_len, local_batch_size
+        sources = list(source) if isinstance(source, (list, tuple)) else [source]
+        if len(sources) > 1 and (weights is None or len(weights) != len(sources)):
+            raise ValueError(f"{len(sources)} sources need as many weights, got {weights!r}")
+        self.seq_len, self.local_batch_size = seq_len, local_batch_size
         self.dp_rank, self.dp_size = dp_rank, dp_size
+        depth = (background.prefetch_factor if background else None) or DEFAULT_PREFETCH_FACTOR
+        # Windows of seq_len + 1 tokens: inputs are the first seq_len, labels the last seq_len (shifted by one).
+        self.sources = [
+            item
+            if isinstance(item, SampleSource)
+            else PackedSamples(
+                item, tokenizer, seq_len + 1, num_workers=background.num_workers if background else 0,
+                prefetch=depth, interruptible=background is not None,
+            )
+            for item in sources
+        ]
         # Pinned memory only speeds host-to-GPU copies: without CUDA there is nothing to gain (and pin_memory()
         # would fail), so pin_memory does nothing on a CPU-only machine.
         pin = background is not None and background.pin_memory and torch.cuda.is_available()
-        self._background = _Background(background, source, tokenizer) if background is not None else None
-        # Windows of seq_len + 1 tokens: inputs are the first seq_len, labels the last seq_len (shifted by one).
-        packer = SequencePacker(source, tokenizer, seq_len + 1, self._background and self._background.tokenized)
         bos_id = tokenizer.bos_id if document_masking else None
-        self._batches = _Batches(packer, local_batch_size, dp_rank, dp_size, bos_id, pin)
+        self._batches = _Batches(self.sources, weights, seq_len + 1, local_batch_size, dp_rank, dp_size, bos_id, pin)
+        self._background = _Background(background, self._batches) if background is not None else None
         if self._background is not None:
-            self._background.batches = self._batches
             weakref.finalize(self, self._background.stop, False)
         self._consumed = self._batches.state()
 
@@ -174,6 +207,20 @@ class DataLoader:
     def sequences_consumed(self) -> int:
         """Global sequences handed out so far (by all ranks together)."""
         return self._consumed["sequences_consumed"]
+
+    @property
+    def description(self) -> str:
+        """What the loader reads: its source, or each source of a mixture with its share."""
+        if self._batches.interleave is None:
+            return self.sources[0].description
+        shares = self._batches.interleave.counts / self._batches.interleave.counts.sum()
+        return "mixture of " + "; ".join(f"{share:.1%} {s.description}" for share, s in zip(shares, self.sources))
+
+    def samples_per_pass(self) -> int:
+        """Whole samples in one pass over a single source (a validation set's size); reads a text source whole."""
+        if len(self.sources) > 1:
+            raise DataError("a mixture of datasets has no single pass; give one dataset")
+        return self.sources[0].samples_per_pass()
 
     def __iter__(self) -> DataLoader:
         return self
@@ -187,11 +234,11 @@ class DataLoader:
         return dict(self._consumed)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        missing = [key for key in STATE_KEYS if key not in state_dict]
+        missing = [key for key in self._consumed if key not in state_dict]
         if missing:
             raise DataError(
                 f"data loader state lacks {', '.join(missing)} (has {', '.join(state_dict) or 'nothing'}); "
-                "the checkpoint was not written by this data loader"
+                "the checkpoint was not written by a data loader of these datasets"
             )
         if self._background is not None:
             self._background.stop(keep_workers=self._background.persistent_workers)
@@ -210,22 +257,43 @@ class DataLoader:
         if self._background is not None:
             loading = f"{self._background.depth} batches ahead, {self._background.num_workers} worker processes"
         return (
-            f"DataLoader({self.source.description}, seq_len={self.seq_len}, local_batch_size={self.local_batch_size}, "
+            f"DataLoader({self.description}, seq_len={self.seq_len}, local_batch_size={self.local_batch_size}, "
             f"dp_rank={self.dp_rank}, dp_size={self.dp_size}, {loading})"
         )
 
 
-def build_dataloader(training: Training, tokenizer: Tokenizer, dp_rank: int, dp_size: int, *, seed: int) -> DataLoader:
-    """The data loader of `training.dataset` for data-parallel rank `dp_rank` of `dp_size`.
-
-    `seed` (debug.seed) drives the synthetic source. Fails now, with a DataError, when the source is missing or
-    holds no documents, rather than at the first step.
-    """
-    source = build_source(training, tokenizer, seed=seed)
+def build_sample_source(
+    training: Training, tokenizer: Tokenizer, *, seed: int, split: str = "train", key: str = "training", index: int = 0
+) -> Source:
+    """The source of `training.dataset` (not a mixture): a pre-tokenized dataset's samples, or a document source
+    that holds at least one document (else DataError now, rather than at the first step). `key` is the config
+    section named in errors; `index` tells a mixture's pre-tokenized datasets' orders apart."""
+    if training.dataset == "tokens":
+        shards = TokenShards(training.dataset_path, tokenizer, key=f"{key}.dataset_path")
+        shuffle = (seed, "tokens", index) if training.dataset_shuffle else None
+        return TokenSamples(shards, training.seq_len + 1, shuffle)
+    source = build_source(training, tokenizer, seed=seed, split=split)
     if next(source.documents(0), None) is None:
-        raise DataError(f"{source.description} holds no documents; check training.dataset and training.dataset_path")
+        raise DataError(f"{source.description} holds no documents; check {key}.dataset and {key}.dataset_path")
+    return source
+
+
+def build_dataloader(training: Training, tokenizer: Tokenizer, dp_rank: int, dp_size: int, *, seed: int) -> DataLoader:
+    """The data loader of `training.dataset` (or of its `dataset_mixture`) for data-parallel rank `dp_rank` of
+    `dp_size`. `seed` (debug.seed) drives the synthetic source and the order of pre-tokenized samples."""
+    if training.dataset == "mixture":
+        entries = parse_mixture(training.dataset_mixture, MIXABLE_KINDS)
+        sources = [
+            build_sample_source(
+                replace(training, dataset=entry.kind, dataset_path=entry.path), tokenizer, seed=seed, index=index
+            )
+            for index, entry in enumerate(entries)
+        ]
+        weights = [entry.weight for entry in entries]
+    else:
+        sources, weights = [build_sample_source(training, tokenizer, seed=seed)], None
     return DataLoader(
-        source,
+        sources,
         tokenizer,
         training.seq_len,
         training.local_batch_size,
@@ -233,4 +301,5 @@ def build_dataloader(training: Training, tokenizer: Tokenizer, dp_rank: int, dp_
         dp_size,
         document_masking=training.attention_mask == "block_causal",
         background=training.dataloader,
+        weights=weights,
     )

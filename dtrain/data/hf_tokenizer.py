@@ -80,6 +80,8 @@ class HFTokenizer(Tokenizer):
     spellings (BOS_NAMES / EOS_NAMES) the tokenizer has.
     """
 
+    kind = "hf"
+
     def __init__(self, path: str):
         from tokenizers import Tokenizer as RustTokenizer
 

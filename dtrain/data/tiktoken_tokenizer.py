@@ -64,6 +64,8 @@ def load_bpe_ranks(path: str) -> dict[bytes, int]:
 class TiktokenTokenizer(Tokenizer):
     """tiktoken BPE with Llama 3's split pattern and special tokens appended after the ranks."""
 
+    kind = "tiktoken"
+
     def __init__(self, path: str):
         try:
             import tiktoken

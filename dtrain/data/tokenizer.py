@@ -26,6 +26,9 @@ class Tokenizer(ABC):
     vocab_size: int
     bos_id: int
     eos_id: int
+    # What model.tokenizer calls this kind; `path` is the file it was read from (None: it reads none).
+    kind: str
+    path: str | None = None
 
     @abstractmethod
     def encode(self, text: str) -> list[int]:
@@ -42,6 +45,7 @@ class ByteTokenizer(Tokenizer):
     vocab_size = 258
     bos_id = 256
     eos_id = 257
+    kind = "byte"
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))

@@ -5,24 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from list_source import ListSource
+
 from dtrain.data import ByteTokenizer, build_dataloader
 from dtrain.data.dataloader import DataLoader
-from dtrain.data.sources import DocumentSource
 from dtrain.errors import DataError
 
 DOCS = ["alpha", "", "bravo charlie", "delta echo foxtrot golf", "hotel", "india juliet kilo lima mike november"]
-
-
-class ListSource(DocumentSource):
-    """Documents from a Python list; position = list index."""
-
-    description = "test documents"
-
-    def __init__(self, docs):
-        self.docs = docs
-
-    def documents(self, start=0):
-        yield from ((i, d) for i, d in enumerate(self.docs) if i >= start)
 
 
 def reference_stream(docs, epochs=1):

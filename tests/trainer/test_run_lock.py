@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from dtrain.run_lock import LOCK_FILE, RunFolderInUse, RunLock
+from dtrain.run_lock import LOCK_FILE, RunFolderInUse, RunLock, locked_run_folder
 
 
 def dead_pid() -> int:
@@ -64,3 +64,18 @@ def test_release_never_removes_another_runs_lock(tmp_path):
     write_lock(tmp_path, 1, "some-other-node")  # e.g. an operator cleared ours and another run took the folder
     lock.release()
     assert json.loads((tmp_path / LOCK_FILE).read_text())["host"] == "some-other-node"
+
+
+def test_a_run_that_fails_before_writing_leaves_no_folder_but_keeps_one_it_found(tmp_path):
+    new = tmp_path / "new"
+    with pytest.raises(RuntimeError), locked_run_folder(new, rank=0, distributed=False):
+        raise RuntimeError("bad data")
+    assert not new.exists()
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with pytest.raises(RuntimeError), locked_run_folder(existing, rank=0, distributed=False):
+        raise RuntimeError("bad data")
+    assert existing.is_dir() and list(existing.iterdir()) == []
+    with locked_run_folder(new, rank=0, distributed=False) as folder:
+        (folder / "metrics.jsonl").write_text("{}")
+    assert (new / "metrics.jsonl").exists()  # a folder the run wrote into stays

@@ -1,0 +1,173 @@
+"""Pre-tokenized datasets: the on-disk format that scripts/tokenize_dataset.py writes and `training.dataset =
+"tokens"` reads, memory-mapped.
+
+A dataset is a folder:
+
+    manifest.json                  what the folder holds (below); written last, atomically, after every shard
+    shard_00000.tokens             the shard's token ids, raw little-endian `dtype` (uint16 or uint32 by vocab)
+    shard_00000.offsets.npy        int64[num_documents + 1]: where each document starts in the shard, then its end
+
+Every document is stored as `[BOS] tokens [EOS]`, exactly as the packer emits it, and the shards in order are the
+packer's stream for one pass over the source: so global token t of the dataset is found from the shard sizes alone
+(no document index is read to train), and window k of `seq_len + 1` tokens is tokens [k·W, (k+1)·W). A document
+never spans two shards. The offsets are the document boundaries, for tools and for what needs documents.
+
+manifest.json:
+
+    format, version          "dtrain-tokens", 1
+    dtype                    "uint16" or "uint32"
+    tokenizer                {"kind", "vocab_size", "bos_id", "eos_id", "sha256"}: what made the ids (sha256 of the
+                             tokenizer file; null for the byte tokenizer, which reads none)
+    shard_tokens             the writer's shard size (a resumed tokenization cuts the shards where the first would)
+    num_tokens, num_documents  totals over the shards
+    shards                   [{"tokens", "offsets", "num_tokens", "num_documents", "sha256"}] in order (file names
+                             relative to the folder, sha256 of the tokens file)
+    input                    {"path", "kind", "text_field", "next_position"}: what was tokenized, and the source
+                             position of the first document not yet in a shard (resuming an interrupted run)
+    complete                 false until every document of the input is in a shard
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from dtrain.data.tokenizer import Tokenizer
+from dtrain.errors import DataError
+
+FORMAT = "dtrain-tokens"
+VERSION = 1
+MANIFEST_NAME = "manifest.json"
+TOKENIZE_HINT = "write it with `python scripts/tokenize_dataset.py --input ... --output DIR`"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned dtype that holds every id below `vocab_size`."""
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def shard_file_names(index: int) -> tuple[str, str]:
+    """The tokens and offsets file names of shard `index`."""
+    return f"shard_{index:05d}.tokens", f"shard_{index:05d}.offsets.npy"
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tokenizer_identity(tokenizer: Tokenizer) -> dict[str, Any]:
+    """What identifies the ids a tokenizer makes: its kind, vocabulary, BOS/EOS and the sha256 of its file."""
+    path = getattr(tokenizer, "path", None)
+    return {
+        "kind": getattr(tokenizer, "kind", type(tokenizer).__name__),
+        "vocab_size": int(tokenizer.vocab_size),
+        "bos_id": int(tokenizer.bos_id),
+        "eos_id": int(tokenizer.eos_id),
+        "sha256": file_sha256(path) if path else None,
+    }
+
+
+def read_manifest(folder: str, key: str = "training.dataset_path") -> dict[str, Any]:
+    """The manifest of the dataset in `folder` (named by config `key` in errors); DataError when it is not one."""
+    path = os.path.join(folder, MANIFEST_NAME)
+    if not folder:
+        raise DataError(f"training.dataset = 'tokens' needs {key}: a folder of token shards; {TOKENIZE_HINT}")
+    if not os.path.isfile(path):
+        what = "does not exist" if not os.path.exists(folder) else f"has no {MANIFEST_NAME}"
+        raise DataError(f"{key} {folder!r} {what}: not a pre-tokenized dataset; {TOKENIZE_HINT}")
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{key} {folder!r}: cannot read {MANIFEST_NAME} ({exc}); {TOKENIZE_HINT}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DataError(f"{key} {folder!r}: {MANIFEST_NAME} is not a {FORMAT} manifest; {TOKENIZE_HINT}")
+    if manifest.get("version") != VERSION:
+        raise DataError(
+            f"{key} {folder!r} has format version {manifest.get('version')!r}; this dtrain reads version {VERSION}: "
+            "tokenize it again"
+        )
+    return manifest
+
+
+def check_tokenizer(manifest: dict[str, Any], tokenizer: Tokenizer, folder: str, key: str) -> None:
+    """Refuse a tokenizer other than the one that made the shards (a mismatch would train on wrong ids)."""
+    saved, now = manifest["tokenizer"], tokenizer_identity(tokenizer)
+    differences = [name for name in ("kind", "vocab_size", "bos_id", "eos_id", "sha256") if saved.get(name) != now[name]]
+    if differences:
+        shown = ", ".join(f"{name} {saved.get(name)!r} vs {now[name]!r}" for name in differences)
+        raise DataError(
+            f"{key} {folder!r} was tokenized by another tokenizer than this run's model.tokenizer / "
+            f"model.hf_assets_path ({shown}); use the tokenizer it was made with, or tokenize it again with this one"
+        )
+
+
+class TokenShards:
+    """The token stream of a pre-tokenized dataset, memory-mapped: `read(start, count)` returns global tokens
+    [start, start + count) as int64, reading only those (plus the shards' sizes, known from the manifest).
+
+    Checks at open: the manifest is complete, the tokenizer is the one that made it, and every tokens file has the
+    size the manifest gives (a truncated or missing shard is refused, naming it). Checksums are for
+    `scripts/tokenize_dataset.py --verify`, which reads every byte.
+    """
+
+    def __init__(self, folder: str, tokenizer: Tokenizer, key: str = "training.dataset_path"):
+        self.folder = folder
+        manifest = read_manifest(folder, key)
+        if not manifest.get("complete"):
+            raise DataError(
+                f"{key} {folder!r} is incomplete (its tokenization was interrupted): run scripts/tokenize_dataset.py "
+                "again with the same arguments to finish it"
+            )
+        check_tokenizer(manifest, tokenizer, folder, key)
+        self.dtype = np.dtype(manifest["dtype"])
+        self.num_tokens = int(manifest["num_tokens"])
+        self.num_documents = int(manifest["num_documents"])
+        self.description = (
+            f"pre-tokenized dataset {folder!r} ({self.num_tokens:,} tokens, {self.num_documents:,} documents)"
+        )
+        self._files = [os.path.join(folder, shard["tokens"]) for shard in manifest["shards"]]
+        sizes = [int(shard["num_tokens"]) for shard in manifest["shards"]]
+        for path, size in zip(self._files, sizes):
+            actual = os.path.getsize(path) if os.path.isfile(path) else None
+            if actual != size * self.dtype.itemsize:
+                found = "missing" if actual is None else f"{actual} bytes"
+                raise DataError(
+                    f"{key} {folder!r}: shard {os.path.basename(path)} is {found}, its manifest says "
+                    f"{size * self.dtype.itemsize} bytes; the folder is damaged: tokenize it again"
+                )
+        # starts[i]: global index of shard i's first token; starts[-1] = num_tokens.
+        self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        self._maps: dict[int, np.ndarray] = {}
+
+    def _shard(self, index: int) -> np.ndarray:
+        # Opened on first use, so that a dataset of thousands of shards costs nothing until a rank reads one.
+        if index not in self._maps:
+            self._maps[index] = np.memmap(self._files[index], dtype=self.dtype, mode="r")
+        return self._maps[index]
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Global tokens [start, start + count) as int64 (a window may span shards)."""
+        if start < 0 or start + count > self.num_tokens:
+            raise IndexError(f"tokens [{start}, {start + count}) are outside [0, {self.num_tokens})")
+        pieces, position, end = [], start, start + count
+        shard = int(np.searchsorted(self._starts, start, side="right")) - 1
+        while position < end:
+            offset = position - int(self._starts[shard])
+            take = min(end, int(self._starts[shard + 1])) - position
+            pieces.append(self._shard(shard)[offset : offset + take])
+            position += take
+            shard += 1
+        return np.concatenate(pieces).astype(np.int64) if pieces else np.empty(0, dtype=np.int64)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Worker processes and pickling reopen the maps themselves.
+        return {**self.__dict__, "_maps": {}}
