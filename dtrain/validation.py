@@ -27,6 +27,7 @@ from torch import nn
 from dtrain.config.schema import JobConfig, Training
 from dtrain.data import DataLoader, Tokenizer
 from dtrain.data.dataloader import Source, build_sample_source
+from dtrain.data.mixture import MIXABLE_KINDS, parse_mixture
 from dtrain.errors import ConfigError, DataError
 from dtrain.state import RankCoordinates, TrainState
 from dtrain.step import IGNORE_INDEX
@@ -115,15 +116,20 @@ def check_not_training_data(training: Training, validation: Training) -> str:
         return "training never reads it"
     if kind == "synthetic":
         return "synthetic documents of another seed than training's"
-    same_kind = kind == training.dataset
     val_path = _data_path(kind, validation.dataset_path)
-    train_path = _data_path(training.dataset, training.dataset_path)
-    if same_kind and (val_path == train_path or (kind == "files" and _nested(val_path, train_path))):
-        raise ConfigError(
-            f"validation.dataset = {kind} at validation.dataset_path {validation.dataset_path or val_path!r} reads "
-            f"training's data (training.dataset_path {training.dataset_path or train_path!r}); give held-out data, "
-            "e.g. validation.dataset = c4_validation or builtin"
-        )
+    # Training reads one dataset, or each entry of its mixture.
+    if training.dataset == "mixture":
+        parts = [(entry.kind, entry.path) for entry in parse_mixture(training.dataset_mixture, MIXABLE_KINDS)]
+    else:
+        parts = [(training.dataset, training.dataset_path)]
+    for train_kind, given_path in parts:
+        train_path = _data_path(train_kind, given_path)
+        if kind == train_kind and (val_path == train_path or (kind == "files" and _nested(val_path, train_path))):
+            raise ConfigError(
+                f"validation.dataset = {kind} at validation.dataset_path {validation.dataset_path or val_path!r} "
+                f"reads training's data ({given_path or train_path!r}); give held-out data, e.g. validation.dataset "
+                "= c4_validation or builtin"
+            )
     return "not checked for overlap with the training data beyond its path"
 
 

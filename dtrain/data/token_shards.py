@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,8 @@ from dtrain.errors import DataError
 FORMAT = "dtrain-tokens"
 VERSION = 1
 MANIFEST_NAME = "manifest.json"
+# Shards kept memory-mapped at once by one reader (the least recently read is closed first).
+MAX_OPEN_SHARDS = 64
 TOKENIZE_HINT = "write it with `python scripts/tokenize_dataset.py --input ... --output DIR`"
 
 
@@ -128,7 +131,7 @@ class TokenShards:
                 "again with the same arguments to finish it"
             )
         check_tokenizer(manifest, tokenizer, folder, key)
-        self.dtype = np.dtype(manifest["dtype"])
+        self.dtype = np.dtype(manifest["dtype"]).newbyteorder("<")  # the format is little-endian
         self.num_tokens = int(manifest["num_tokens"])
         self.num_documents = int(manifest["num_documents"])
         self.description = (
@@ -146,12 +149,17 @@ class TokenShards:
                 )
         # starts[i]: global index of shard i's first token; starts[-1] = num_tokens.
         self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-        self._maps: dict[int, np.ndarray] = {}
+        self._maps: OrderedDict[int, np.ndarray] = OrderedDict()
 
     def _shard(self, index: int) -> np.ndarray:
-        # Opened on first use, so that a dataset of thousands of shards costs nothing until a rank reads one.
-        if index not in self._maps:
+        # Opened on first use, so that a dataset of thousands of shards costs nothing until a rank reads one; at
+        # most MAX_OPEN_SHARDS stay mapped (each map holds a file descriptor, and random samples touch every shard).
+        if index in self._maps:
+            self._maps.move_to_end(index)
+        else:
             self._maps[index] = np.memmap(self._files[index], dtype=self.dtype, mode="r")
+            if len(self._maps) > MAX_OPEN_SHARDS:
+                self._maps.popitem(last=False)
         return self._maps[index]
 
     def read(self, start: int, count: int) -> np.ndarray:
@@ -170,4 +178,4 @@ class TokenShards:
 
     def __getstate__(self) -> dict[str, Any]:
         # Worker processes and pickling reopen the maps themselves.
-        return {**self.__dict__, "_maps": {}}
+        return {**self.__dict__, "_maps": OrderedDict()}

@@ -208,3 +208,16 @@ def test_config_mistakes_are_one_line_errors(make_config, overrides, message):
     with pytest.raises(ConfigError, match=message) as caught:
         validate_config(make_config(**overrides))
     one_line(caught)
+
+
+def test_only_a_bounded_number_of_shards_stay_mapped(tmp_path, monkeypatch):
+    import dtrain.data.token_shards as token_shards
+
+    monkeypatch.setattr(token_shards, "MAX_OPEN_SHARDS", 3)
+    folder = write_tokens(tmp_path / "many", shard_tokens=50)
+    shards = TokenShards(str(folder), ByteTokenizer())
+    assert len(json.loads((folder / "manifest.json").read_text())["shards"]) > 10
+    reference = stream()
+    for start in range(0, shards.num_tokens - 40, 37):
+        assert torch.equal(torch.from_numpy(shards.read(start, 40)), reference[start : start + 40])
+        assert len(shards._maps) <= 3

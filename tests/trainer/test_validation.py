@@ -237,6 +237,11 @@ def test_trainings_own_data_is_refused(tmp_path):
     cfg.validation.dataset, cfg.validation.dataset_path = "c4", ""
     with pytest.raises(ConfigError, match="validation.dataset = c4 .* reads training's data"):
         build_validator(cfg, RankCoordinates(), ByteTokenizer(), "cpu")
+    # A mixture's every entry counts as training's data.
+    cfg.training.dataset, cfg.training.dataset_mixture = "mixture", [["builtin", "1"], ["files", str(tmp_path), "1"]]
+    cfg.validation.dataset, cfg.validation.dataset_path = "files", str(tmp_path / "data")
+    with pytest.raises(ConfigError, match="reads training's data"):
+        build_validator(cfg, RankCoordinates(), ByteTokenizer(), "cpu")
 
 
 def test_missing_validation_data_names_the_validation_keys(tmp_path):
