@@ -6,7 +6,7 @@ their local shards already have their final shapes, so what this rank will hold 
 The estimate, in bytes on this rank's device:
 
 - params, grads: the local shards of the parameters (``memory_footprint``), one gradient per trainable parameter
-  in its dtype; under DDP twice that, for the reducer's flat gradient buckets.
+  in its dtype; grad buckets: under DDP as much again, for the reducer's flat gradient buckets.
 - optimizer: Adam(W) keeps two moments like each trainable parameter, plus a 4-byte step count per parameter;
   torchao's low-bit ones keep the moments of large tensors quantized (``dtrain.optim.moment_bytes``).
 - optimizer step: foreach Adam's temporaries, one parameter-sized list (fused Adam and torchao's per-parameter
@@ -138,6 +138,7 @@ class MemoryEstimate:
     gathered: int
     optimizer_step: int
     batches: int
+    grad_buckets: int = 0  # DDP's flat gradient buckets, beside the gradients
 
     def terms(self) -> dict[str, int]:
         """What the total is the sum of: activations and the optimizer step's temporaries never coexist."""
@@ -145,7 +146,8 @@ class MemoryEstimate:
             peak = {"activations": self.activations, "gathered params": self.gathered}
         else:
             peak = {"optimizer step": self.optimizer_step}
-        states = {"params": self.params, "grads": self.grads, "optimizer": self.optimizer}
+        states = {"params": self.params, "grads": self.grads, "grad buckets": self.grad_buckets,
+                  "optimizer": self.optimizer}
         return {**states, **peak, "batches": self.batches}
 
     @property
@@ -209,7 +211,8 @@ def estimate_memory(
     grad_bytes = footprint.grad_bytes * on_device
     return MemoryEstimate(
         params=footprint.param_bytes * on_device,
-        grads=grad_bytes * (2 if layout.dims.ddp_enabled else 1),
+        grads=grad_bytes,
+        grad_buckets=grad_bytes if layout.dims.ddp_enabled else 0,
         optimizer=(sum(moment_bytes(workload.optimizer, p) for p in trainable) + STEP_BYTES * len(trainable))
         * on_device,
         activations=activation_bytes(parts, model_args, layout, workload.local_batch_size, workload.seq_len),

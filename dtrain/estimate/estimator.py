@@ -1,0 +1,255 @@
+"""Estimate a run on paper: per-rank memory, pipeline bubble, communication and step time, for any world size.
+
+The configured model and layout are built on the meta device under a fake process group of `world_size` ranks
+(torch's "fake" backend: collectives return at once, nothing is allocated), through the code that training runs:
+`build_layout`, `split_model`, the family's `parallelize` and the memory pre-flight's `estimate_memory`. So the
+shards, and the parameter, gradient and optimizer-state bytes, are exactly what a run of that layout holds (what
+its "memory on this rank" line reports). One rank per pipeline stage is built, since stages differ; the other
+dimensions hold equal shares.
+
+Step time (docs/planning.md): the step's FLOPs on one device (with activation recomputation) at the profile's
+peak times `matmul_efficiency`; the data-parallel collectives overlap it, the tensor/context/expert/pipeline ones
+add to it; the pipeline bubble stretches it. Communication time is bytes over the bandwidth of the group's link
+(within a node or across nodes, from the mesh layout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dtrain.checks import model_args
+from dtrain.config.schema import JobConfig
+from dtrain.data.tokenizer import build_tokenizer
+from dtrain.distributed import World
+from dtrain.errors import DataError
+from dtrain.estimate.communication import Collective, StepShape, intra_node, step_collectives
+from dtrain.estimate.hardware import Hardware
+from dtrain.layout import build_layout, check_layout, parallel_dims
+from dtrain.memory_preflight import MemoryEstimate, Workload, estimate_memory
+from dtrain.parallelize import get_family
+from dtrain.parallelize.pipeline_bubble import bubble_fraction
+from dtrain.parallelize.pipeline_split import StageModule, split_model
+
+
+@contextlib.contextmanager
+def fake_world(rank: int, world_size: int) -> Iterator[World]:
+    """A process group of `world_size` ranks in which this process is `rank`, and nothing communicates."""
+    if world_size == 1:
+        yield World(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+        return
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    try:
+        yield World(rank=rank, local_rank=0, world_size=world_size, device=torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+
+
+@dataclass
+class StageEstimate:
+    """One pipeline stage's rank (every rank of the stage holds the same)."""
+
+    stage: int
+    rank: int
+    memory: MemoryEstimate
+    collectives: list[Collective]
+    local_param_elements: int
+
+    @property
+    def comm_bytes(self) -> dict[str, float]:
+        return {c.name: c.bytes for c in self.collectives}
+
+
+@dataclass
+class Estimate:
+    world_size: int
+    hardware: Hardware
+    description: str
+    stages: list[StageEstimate]
+    bubble_fraction: float
+    flops_per_token: int
+    tokens_per_step: int
+    step_time_s: float
+    compute_time_s: float
+    comm_time_s: dict[str, float]
+    model_args: Any = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def busiest(self) -> StageEstimate:
+        return max(self.stages, key=lambda s: s.memory.total)
+
+    @property
+    def tokens_per_s_per_device(self) -> float:
+        return self.tokens_per_step / self.step_time_s / self.world_size
+
+    def mfu(self, dtype: str) -> float:
+        return self.flops_per_token * self.tokens_per_s_per_device / self.hardware.peak_flops(dtype)
+
+    def to_json(self, dtype: str) -> dict[str, Any]:
+        """The report's numbers: bytes per rank for the most loaded rank, then per pipeline stage."""
+        def memory(stage: StageEstimate) -> dict[str, Any]:
+            m = stage.memory
+            return {
+                "params_bytes": m.params, "grads_bytes": m.grads, "grad_buckets_bytes": m.grad_buckets,
+                "optimizer_bytes": m.optimizer,
+                "activation_bytes": m.activations, "gathered_params_bytes": m.gathered, "batch_bytes": m.batches,
+                "total_bytes": m.total,
+            }
+
+        return {
+            **memory(self.busiest),
+            "world_size": self.world_size,
+            "hardware": self.hardware.name,
+            "layout": self.description,
+            "device_memory_bytes": int(self.hardware.memory_gib * 2**30),
+            "bubble_fraction": self.bubble_fraction,
+            "comm_bytes_per_step": self.busiest.comm_bytes,
+            "comm_time_s": self.comm_time_s,
+            "compute_time_s": self.compute_time_s,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s_per_device": self.tokens_per_s_per_device,
+            "mfu": self.mfu(dtype),
+            "stages": [{"stage": s.stage, "rank": s.rank, **memory(s), "comm_bytes_per_step": s.comm_bytes}
+                       for s in self.stages],
+            "notes": self.notes,
+        }
+
+
+def recompute_factor(cfg: JobConfig) -> float:
+    """The step's FLOPs over a step without recomputation: full AC runs every layer's forward twice (forward is
+    a third of a layer's training FLOPs); selective AC every Nth layer's; by-op AC recomputes the cheap ops."""
+    ac = cfg.activation_checkpoint
+    if ac.mode == "full":
+        return 4 / 3
+    if ac.mode == "selective" and ac.selective_ac_option.isdigit():
+        return 1 + 1 / (3 * int(ac.selective_ac_option))
+    return 1.0
+
+
+def _vocab_size(cfg: JobConfig, family, notes: list[str]) -> int:
+    """The tokenizer's vocabulary, or the flavor's when the tokenizer is not on this machine (planning a run
+    before downloading anything)."""
+    try:
+        return build_tokenizer(cfg.model).vocab_size
+    except DataError:
+        vocab = family.model.flavors[cfg.model.flavor].vocab_size
+        notes.append(f"tokenizer not found at model.hf_assets_path: vocabulary of the flavor ({vocab})")
+        return vocab
+
+
+def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
+    """Estimate the run `cfg` describes on `world_size` devices of `hardware`."""
+    notes: list[str] = []
+    family = get_family(cfg.model.name)
+    if cfg.model.flavor not in family.model.flavors:
+        model_args(cfg, family.model, 1)  # its one-line refusal
+    args = model_args(cfg, family.model, _vocab_size(cfg, family, notes))
+    check_layout(cfg, world_size, family, args)
+    dims = parallel_dims(cfg.parallelism, world_size)
+    t = cfg.training
+    seq_len = t.seq_len
+    stages, plan = [], None
+    for stage in range(dims.pp):
+        rank = stage * (world_size // dims.pp)  # pp is the mesh's outermost dimension
+        with fake_world(rank, world_size) as world:
+            layout = build_layout(cfg, world, family, args)
+            plan = layout.plan
+            with torch.device("meta"):
+                model = family.model.model_cls(args)
+            pieces = split_model(model, plan, layout.rank.pp_rank) if plan else [StageModule(0, model)]
+            parts = [family.parallelize(p.module, layout.mesh, layout.dims, layout.options) for p in pieces]
+            workload = Workload.of(cfg, layout)
+            memory = estimate_memory(parts, args, layout, workload, torch.device("cuda"))
+            local = sum(_local_numel(p) for part in parts for p in part.parameters())
+            layers = sum(len(getattr(part, "layers", {})) for part in parts)
+            moe_layers = sum(1 for part in parts for block in getattr(part, "layers", {}).values()
+                             if getattr(block, "moe", None) is not None)
+        fsdp = dims.dp_shard * dims.cp if dims.dp_shard > 1 else 1
+        microbatches = workload.microbatches * (plan.n_microbatches if plan else 1)
+        mb_sequences = plan.microbatch_size if plan else t.local_batch_size
+        shape = StepShape(
+            unsharded_param_elements=local * fsdp,
+            param_bytes=torch.tensor([], dtype=getattr(torch, t.mixed_precision_param)).element_size(),
+            reduce_bytes=torch.tensor([], dtype=getattr(torch, t.mixed_precision_reduce)).element_size(),
+            microbatches=microbatches,
+            microbatch_tokens=mb_sequences * seq_len,
+            dim=args.dim,
+            kv_dim=_kv_dim(args),
+            layers=layers,
+            moe_layers=moe_layers,
+            top_k=getattr(getattr(args, "moe", None), "top_k", 0) or 0,
+            stages_per_rank=plan.stages_per_rank if plan else 1,
+            full_ac=cfg.activation_checkpoint.mode == "full",
+        )
+        stages.append(StageEstimate(stage, rank, memory, step_collectives(dims, shape), local))
+    bubble = bubble_fraction(plan.schedule, dims.pp, plan.n_microbatches, plan.stages_per_rank) if plan else 0.0
+    flops_per_token = family.model.flops_per_token(args, seq_len)
+    global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dims.dp_size
+    tokens = global_batch * seq_len
+    compute = flops_per_token * tokens / world_size * recompute_factor(cfg)
+    compute_s = compute / (hardware.peak_flops(t.mixed_precision_param) * hardware.matmul_efficiency)
+    busiest = max(stages, key=lambda s: s.memory.total)
+    comm_s: dict[str, float] = {}
+    for c in busiest.collectives:
+        bandwidth = hardware.bandwidth(intra_node(dims, c.dim, hardware.gpus_per_node))
+        comm_s[c.name] = c.bytes / bandwidth
+    overlapped = sum(s for c, s in zip(busiest.collectives, comm_s.values()) if c.overlapped)
+    exposed = sum(s for c, s in zip(busiest.collectives, comm_s.values()) if not c.overlapped)
+    step_s = (max(compute_s, overlapped) + exposed) / (1 - bubble)
+    description = (
+        f"{cfg.model.name} {cfg.model.flavor}, {world_size} x {hardware.name}: dp_replicate {dims.dp_replicate}, "
+        f"dp_shard {dims.dp_shard}, tp {dims.tp}, pp {dims.pp}, cp {dims.cp}, ep {dims.ep}; global batch "
+        f"{global_batch} x {seq_len}, AC {cfg.activation_checkpoint.mode}, {t.mixed_precision_param}"
+    )
+    return Estimate(world_size, hardware, description, stages, bubble, flops_per_token, tokens, step_s, compute_s,
+                    comm_s, args, notes)
+
+
+def _kv_dim(args) -> int:
+    heads = getattr(args, "n_kv_heads", None) or args.n_heads
+    return heads * (getattr(args, "head_dim", None) or args.dim // args.n_heads)
+
+
+def _local_numel(param: torch.Tensor) -> int:
+    local = param.to_local() if hasattr(param, "to_local") else param
+    return local.numel()
+
+
+def gib(value: float) -> str:
+    return f"{value / 2**30:,.2f} GiB"
+
+
+def format_report(result: Estimate, dtype: str) -> str:
+    """The estimate as the lines a person reads."""
+    lines = [result.description]
+    memory_budget = result.hardware.memory_gib * 2**30
+    for s in result.stages:
+        m = s.memory
+        fits = "fits" if m.total <= memory_budget else "DOES NOT FIT"
+        lines.append(
+            f"stage {s.stage} (rank {s.rank}): total {gib(m.total)} of {result.hardware.memory_gib:.1f} GiB ({fits}): "
+            f"params {gib(m.params)}, grads {gib(m.grads)}, DDP grad buckets {gib(m.grad_buckets)}, optimizer "
+            f"{gib(m.optimizer)}, activations "
+            f"{gib(m.activations)}, gathered params {gib(m.gathered)}, batches {gib(m.batches)}"
+        )
+    busiest = result.busiest
+    for c in busiest.collectives:
+        how = "overlapped" if c.overlapped else "exposed"
+        lines.append(f"comm {c.name} over {c.dim} ({c.group_size}): {c.bytes / 1e9:,.2f} GB/step, "
+                     f"{result.comm_time_s[c.name] * 1e3:,.1f} ms ({how})")
+    lines.append(
+        f"pipeline bubble {100 * result.bubble_fraction:.1f}%; compute {result.compute_time_s * 1e3:,.1f} ms; step "
+        f"{result.step_time_s:,.3f} s; {result.tokens_per_s_per_device:,.0f} tokens/s/device; MFU "
+        f"{100 * result.mfu(dtype):.1f}%"
+    )
+    lines += [f"note: {note}" for note in result.notes]
+    return "\n".join(lines)
+
