@@ -35,21 +35,7 @@ fi
 # its peers' addresses from the failed attempt (pytorch/pytorch#135712): give each attempt a store of its own.
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 launch_dir="$(mktemp -d)"  # private (0700): the single-node stores below, the workers' error lines
-if [ "$nnodes" = "1" ]; then
-    # One machine: nothing listens beyond loopback. torchrun's own TCP store would listen on every interface
-    # with no authentication, so the agent's rendezvous and the workers' store are files in the launch
-    # folder, and gloo and NCCL bind to the loopback interface (see docs/reliability.md).
-    rendezvous=(--nnodes 1 --rdzv_backend c10d --rdzv_endpoint "$launch_dir/rendezvous" --rdzv_conf store_type=file
-        --rdzv_id dtrain)
-    export DTRAIN_STORE_FILE="$launch_dir/store" GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-lo}" \
-        NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
-elif [ -n "${RDZV_ENDPOINT:-}" ]; then
-    rendezvous=(--nnodes "$nnodes" --rdzv_backend c10d --rdzv_endpoint "$RDZV_ENDPOINT" --rdzv_id "${RDZV_ID:-dtrain}")
-else
-    rendezvous=(--nnodes "$nnodes" --node_rank "${NODE_RANK:?NODE_RANK is needed with NNODES > 1}"
-        --master_addr "${MASTER_ADDR:?MASTER_ADDR or RDZV_ENDPOINT is needed with NNODES > 1}"
-        --master_port "${MASTER_PORT:-29500}")
-fi
+source scripts/rendezvous.sh "$launch_dir" dtrain
 # Validate once, before torchrun starts any worker: a bad config gets one line, not one per rank plus
 # torchrun's failure report. --help and print_config are answered here too.
 # Exit code 3 means the check answered the request itself (--help, print_config): nothing to launch.

@@ -157,6 +157,8 @@ def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
     t = cfg.training
     seq_len = t.seq_len
     stages, plan = [], None
+    # The device the run will use (it decides whether FSDP's CPU offload moves the states off it).
+    device = torch.device("cpu" if hardware.name == "cpu" else "cuda")
     for stage in range(dims.pp):
         rank = stage * (world_size // dims.pp)  # pp is the mesh's outermost dimension
         with fake_world(rank, world_size) as world:
@@ -167,7 +169,7 @@ def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
             pieces = split_model(model, plan, layout.rank.pp_rank) if plan else [StageModule(0, model)]
             parts = [family.parallelize(p.module, layout.mesh, layout.dims, layout.options) for p in pieces]
             workload = Workload.of(cfg, layout)
-            memory = estimate_memory(parts, args, layout, workload, torch.device("cuda"))
+            memory = estimate_memory(parts, args, layout, workload, device)
             local = sum(_local_numel(p) for part in parts for p in part.parameters())
             layers = sum(len(getattr(part, "layers", {})) for part in parts)
             moe_layers = sum(1 for part in parts for block in getattr(part, "layers", {}).values()
