@@ -238,8 +238,9 @@ def format_report(result: Estimate, dtype: str) -> str:
         fits = "fits" if m.total <= memory_budget else "DOES NOT FIT"
         lines.append(
             f"stage {s.stage} (rank {s.rank}): total {gib(m.total)} of {result.hardware.memory_gib:.1f} GiB ({fits}): "
-            f"params {gib(m.params)}, grads {gib(m.grads)}, DDP grad buckets {gib(m.grad_buckets)}, optimizer "
-            f"{gib(m.optimizer)}, activations "
+            f"params {gib(m.params)}, grads {gib(m.grads)}, "
+            + (f"DDP grad buckets {gib(m.grad_buckets)}, " if m.grad_buckets else "")
+            + f"optimizer {gib(m.optimizer)}, activations "
             f"{gib(m.activations)}, gathered params {gib(m.gathered)}, batches {gib(m.batches)}"
         )
     busiest = result.busiest
