@@ -25,6 +25,13 @@ LAYOUTS = {
     "pp2": ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.pipeline_parallel_degree", "2"],
     "ddp2": ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.data_parallel_replicate_degree", "2"],
     "cp2": ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.context_parallel_degree", "2"],
+    "ep2_moe": ["--model.name", "qwen3", "--model.flavor", "debugmodel_moe", "--model.args.n_layers", "2",
+                "--parallelism.data_parallel_shard_degree", "2", "--parallelism.expert_parallel_degree", "2"],
+}
+# Four ranks: the combinations (one world each costs ~10 s more than two ranks).
+LAYOUTS_4 = {
+    "fsdp2_tp2": ["--parallelism.data_parallel_shard_degree", "2", "--parallelism.tensor_parallel_degree", "2"],
+    "hsdp2x2": ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "2"],
 }
 
 
@@ -35,10 +42,11 @@ def run_estimate(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout", sorted(LAYOUTS) + sorted(LAYOUTS_4))
 def test_state_bytes_are_what_the_run_of_the_layout_holds(layout, tmp_path):
-    args = [*TINY, *FP32, "--training.steps", "1", *LAYOUTS[layout]]
-    result = run_train(*args, "--job.dump_folder", str(tmp_path / "run"), NPROC="2")
+    nproc = 4 if layout in LAYOUTS_4 else 2
+    args = [*TINY, *FP32, "--training.steps", "1", *{**LAYOUTS, **LAYOUTS_4}[layout]]
+    result = run_train(*args, "--job.dump_folder", str(tmp_path / "run"), NPROC=str(nproc))
     assert result.returncode == 0, result.stderr[-3000:]
     logged = {}
     for rank, params, grads, optimizer in re.findall(
@@ -46,7 +54,7 @@ def test_state_bytes_are_what_the_run_of_the_layout_holds(layout, tmp_path):
         result.stdout + result.stderr,
     ):
         logged[int(rank)] = (float(params), float(grads), float(optimizer))
-    estimated = estimate(load_config(args), 2, load_hardware("cpu"))
+    estimated = estimate(load_config(args), nproc, load_hardware("cpu"))
     assert len(estimated.stages) == (2 if layout == "pp2" else 1)
     assert 0 in logged  # rank 0 logs its own stage's state (the first)
     for stage in estimated.stages:
