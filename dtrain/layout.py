@@ -20,7 +20,14 @@ from dtrain.config.converters import check_mx_compute_dtype
 from dtrain.config.schema import JobConfig, Parallelism
 from dtrain.distributed import World
 from dtrain.errors import ConfigError
-from dtrain.parallelize import FamilySpec, ParallelDims, ParallelismError, ParallelizeOptions, build_mesh
+from dtrain.parallelize import (
+    FamilySpec,
+    ParallelDims,
+    ParallelismError,
+    ParallelizeOptions,
+    build_mesh,
+    check_compile_options,
+)
 from dtrain.parallelize.mesh import ParallelMesh
 from dtrain.parallelize.pipeline_plan import PipelinePlan, plan_pipeline
 from dtrain.state import RankCoordinates
@@ -66,6 +73,10 @@ def parallelize_options(cfg: JobConfig, device_type: str) -> ParallelizeOptions:
         memory_budget=cfg.activation_checkpoint.memory_budget,
         compile_model=cfg.compile.enable and "model" in cfg.compile.components,
         compile_backend=cfg.compile.backend,
+        compile_mode=cfg.compile.mode,
+        compile_fullgraph=cfg.compile.fullgraph,
+        compile_dynamic=cfg.compile.dynamic,
+        compile_granularity=cfg.compile.granularity,
         compile_trace_dir=os.path.join(cfg.job.dump_folder, trace) if cfg.compile.enable and trace else None,
         async_tp=cfg.parallelism.enable_async_tensor_parallel,
         cp_load_balancer=cfg.parallelism.context_parallel_load_balancer,
@@ -108,6 +119,12 @@ def check_layout(cfg: JobConfig, world_size: int, family: FamilySpec, model_args
         family.check_hooks(dims, model_args)
         dims.gradient_accumulation_steps(training.local_batch_size, training.global_batch_size)
         parallelize_options(cfg, device_type).validate(dims)
+        if cfg.compile.enable:  # also when only the loss is compiled
+            c = cfg.compile
+            check_compile_options(
+                c.mode, c.dynamic, c.granularity, c.backend, device_type, fullgraph=c.fullgraph,
+                data_parallel=(dims.fsdp_enabled or dims.ddp_enabled) and "model" in c.components,
+            )
         check_mx_compute_dtype(cfg, dims.fsdp_enabled)
     except ParallelismError as err:
         raise ConfigError(str(err)) from None

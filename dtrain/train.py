@@ -20,6 +20,7 @@ from dtrain.config import to_toml
 from dtrain.config.toml_io import config_to_dict
 from dtrain.checks import Prepared
 from dtrain.checkpoint import CheckpointManager, PreemptionWatcher
+from dtrain.compile_report import report_file, watch_graph_breaks, write_compile_report
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_dataloader
 from dtrain.distributed import World, init_world, is_timeout, set_collective_timeout
@@ -35,7 +36,7 @@ from dtrain.model_builder import build_model_parts
 from dtrain.models import ModelFamily, count_params
 from dtrain.nonfinite import NonFiniteGuard
 from dtrain.optim import build_optimizers
-from dtrain.parallelize import FamilySpec
+from dtrain.parallelize import FamilySpec, compile_kwargs, stop_compile_trace
 from dtrain.profiling import maybe_memory_snapshot, maybe_profile
 from dtrain.rng import set_determinism
 from dtrain.run_lock import locked_run_folder
@@ -65,8 +66,11 @@ def build_train_state(
     dataloader = build_dataloader(cfg.training, tokenizer, rank.dp_rank, rank.dp_size, seed=cfg.debug.seed)
     logger.info(f"data: {dataloader.description}")
     loss_fn = cross_entropy_sum
-    if cfg.compile.enable and "loss" in cfg.compile.components:
-        loss_fn = torch.compile(loss_fn, backend=cfg.compile.backend)
+    if cfg.compile.enable:
+        watch_graph_breaks()  # compiling is lazy: the breaks happen in the first step, reported after it
+        if "loss" in cfg.compile.components:
+            c = cfg.compile
+            loss_fn = torch.compile(loss_fn, **compile_kwargs(c.backend, c.mode, c.fullgraph, c.dynamic))
     return TrainState(
         model_parts=model_parts,
         optimizer=optimizer,
@@ -183,7 +187,7 @@ def run_loop(
                 if state.skip_nonfinite_steps == 0:  # else the step itself skips such steps or stops the run
                     nonfinite.record(state.step, step_metrics["loss"], step_metrics["grad_norm"])
                 if state.step == start_step + 1:
-                    log_after_first_step(cfg, state)
+                    log_after_first_step(cfg, state, run_dir, world.rank)
                     if world.distributed:  # start-up is over: from now on a hung collective is an error soon
                         set_collective_timeout(cfg.comm.train_timeout_seconds)
                 # All ranks agree on the signal, so they save the same step and stop together.
@@ -222,14 +226,14 @@ def timed_out(cfg: JobConfig, err: BaseException) -> DtrainError:
     )
 
 
-def log_after_first_step(cfg: JobConfig, state: TrainState) -> None:
-    """What only exists once a step has run: optimizer state (memory evidence) and compiled graphs."""
+def log_after_first_step(cfg: JobConfig, state: TrainState, run_dir: Path, rank: int) -> None:
+    """What only exists once a step has run: optimizer state (memory evidence) and compiled graphs (the compile
+    report, written per rank into the run folder and summarised in the log)."""
     log_memory(state.model_parts, state.optimizer)
     if cfg.compile.enable:
-        from dtrain.parallelize import compile_report, stop_compile_trace
-
         stop_compile_trace()
-        logger.info("compile: %s", compile_report().format())
+        report = write_compile_report(run_dir, rank)
+        logger.info(report.format(report_file(run_dir, rank)))
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

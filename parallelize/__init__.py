@@ -19,9 +19,9 @@ Typical use (the trainer's order):
 
 from dtrain.parallelize.activation_checkpoint import SAC_SAVE_OPS, apply_ac
 from dtrain.parallelize.compile import (
-    CompileReport,
     apply_compile,
-    compile_report,
+    check_compile_options,
+    compile_kwargs,
     start_compile_trace,
     stop_compile_trace,
 )
@@ -48,7 +48,6 @@ __all__ = [
     "FamilySpec",
     "MESH_DIM_NAMES",
     "SAC_SAVE_OPS",
-    "CompileReport",
     "MemoryFootprint",
     "ParallelDims",
     "ParallelMesh",
@@ -56,12 +55,13 @@ __all__ = [
     "ParallelizeOptions",
     "apply_ac",
     "apply_compile",
+    "check_compile_options",
+    "compile_kwargs",
     "apply_ddp",
     "apply_fsdp",
     "apply_tp",
     "build_mesh",
     "check_async_tp",
-    "compile_report",
     "enable_async_tp",
     "format_tp_plan",
     "fsdp_mesh",

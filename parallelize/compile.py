@@ -1,31 +1,86 @@
-"""torch.compile per transformer block, a structured compile trace for tlparse, and a short compile report.
+"""torch.compile of the model (per transformer block, or the whole model part) and a structured compile trace.
 
-Each block is compiled in place (``nn.Module.compile``), so parameter names do not change. The blocks are
-identical modules, so dynamo compiles the first one and reuses its graph for the rest: compile time does not
-grow with depth. The report says whether that held (one frame compiled, no recompiles, no graph breaks).
+Per block (the default, torchtitan's choice): each block is compiled in place (``nn.Module.compile``), so parameter
+names do not change. The blocks are identical modules, so dynamo compiles the first one and reuses its graph for
+the rest: compile time does not grow with depth. ``model_whole`` compiles the whole model part (a pipeline stage
+under PP) in one call instead, for comparison: one larger graph, longer compiles, the embedding and head inside.
+Either way compile comes after activation checkpointing and before data parallel (the module doc of llama3.py).
+
+What torch.compile did (times, graphs, breaks, recompiles, caches) is ``dtrain.compile_report``'s.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from dataclasses import dataclass, field
 
 from torch import nn
 
 from dtrain.models.moe import MoE
+from dtrain.parallelize.errors import ParallelismError
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# The modes that capture CUDA graphs: on another device they would quietly do less than they say.
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+DYNAMIC_SHAPES = {"false": False, "true": True, "auto": None}
+GRANULARITIES = ("per_block", "model_whole")
 
 _trace_handler: logging.Handler | None = None
 
 
-def apply_compile(blocks: nn.ModuleDict, backend: str = "inductor") -> None:
-    """Compile every block in place with ``fullgraph=True``: a graph break inside a block is an error, not a
-    silent slowdown. Blocks with an MoE layer are the exception: sizing the expert-parallel all-to-alls and the
-    per-expert loop read token counts on the host, and the experts are an FSDP unit of their own inside the
-    block, whose hooks dynamo does not trace; those blocks compile into the graphs between such breaks."""
-    for block in blocks.values():
-        has_moe = any(isinstance(module, MoE) for module in block.modules())
-        block.compile(backend=backend, fullgraph=not has_moe)
+def check_compile_options(
+    mode: str, dynamic: str, granularity: str, backend: str, device_type: str, *, fullgraph: bool, data_parallel: bool
+) -> None:
+    """Refuse compile options that cannot do what they say here, in one line naming the key."""
+    if mode not in COMPILE_MODES:
+        raise ParallelismError(f"compile.mode={mode!r} is invalid (valid: {', '.join(COMPILE_MODES)})")
+    if dynamic not in DYNAMIC_SHAPES:
+        raise ParallelismError(f"compile.dynamic={dynamic!r} is invalid (valid: {', '.join(DYNAMIC_SHAPES)})")
+    if granularity not in GRANULARITIES:
+        raise ParallelismError(f"compile.granularity={granularity!r} is invalid (valid: {', '.join(GRANULARITIES)})")
+    if mode != "default" and backend != "inductor":
+        raise ParallelismError(
+            f"compile.mode={mode!r} is an inductor option that compile.backend={backend!r} ignores "
+            "(set compile.backend = inductor, or compile.mode = default)"
+        )
+    if granularity == "model_whole" and fullgraph and data_parallel:
+        raise ParallelismError(
+            "compile.granularity='model_whole' with compile.fullgraph = true cannot run under FSDP or DDP: dynamo "
+            "does not trace their hooks inside the model (set compile.fullgraph = false to break the graph there, "
+            "or compile.granularity = per_block)"
+        )
+    if mode in CUDA_GRAPH_MODES and device_type != "cuda":
+        raise ParallelismError(
+            f"compile.mode={mode!r} captures CUDA graphs and needs a CUDA device, not {device_type} "
+            "(use max-autotune-no-cudagraphs or default)"
+        )
+
+
+def compile_kwargs(backend: str, mode: str = "default", fullgraph: bool = True, dynamic: str = "false") -> dict:
+    """The keyword arguments of ``torch.compile`` for these config values (compile.dynamic auto is torch's None:
+    static first, then dynamic after a shape change)."""
+    return dict(backend=backend, mode=mode, fullgraph=fullgraph, dynamic=DYNAMIC_SHAPES[dynamic])
+
+
+def apply_compile(
+    model: nn.Module,
+    granularity: str = "per_block",
+    *,
+    backend: str = "inductor",
+    mode: str = "default",
+    fullgraph: bool = True,
+    dynamic: str = "false",
+) -> None:
+    """Compile `model`'s blocks (``model.layers``), or with ``model_whole`` the model itself, in place.
+
+    ``fullgraph=True`` (the default) makes a graph break inside a compiled unit an error, not a silent slowdown.
+    Units with an MoE layer always compile without it: sizing the expert-parallel all-to-alls and the per-expert
+    loop read token counts on the host, and the experts are an FSDP unit of their own inside the block, whose hooks
+    dynamo does not trace; those units compile into the graphs between such breaks.
+    """
+    units = [model] if granularity == "model_whole" else list(model.layers.values())
+    for unit in units:
+        has_moe = any(isinstance(module, MoE) for module in unit.modules())
+        unit.compile(**compile_kwargs(backend, mode, fullgraph and not has_moe, dynamic))
 
 
 def start_compile_trace(trace_dir: str) -> None:
@@ -55,41 +110,3 @@ def stop_compile_trace() -> None:
         trace_log.removeHandler(_trace_handler)
         _trace_handler.close()
         _trace_handler = None
-
-
-@dataclass
-class CompileReport:
-    """What torch.compile did in this process so far."""
-
-    compile_time_s: float
-    frames_compiled: int
-    graphs: int
-    graph_breaks: dict[str, int] = field(default_factory=dict)
-    recompile_reasons: list[str] = field(default_factory=list)
-
-    def format(self) -> str:
-        """A one-line summary, then one line per graph break reason and per recompile."""
-        lines = [
-            f"compile: {self.compile_time_s:.1f} s, {self.frames_compiled} frame(s) compiled, {self.graphs} graph(s), "
-            f"{sum(self.graph_breaks.values())} graph break(s), {len(self.recompile_reasons)} recompile(s)"
-        ]
-        lines += [f"  graph break x{count}: {reason}" for reason, count in self.graph_breaks.items()]
-        lines += [f"  recompile: {reason}" for reason in self.recompile_reasons]
-        return "\n".join(lines)
-
-
-def compile_report() -> CompileReport:
-    """Summarise dynamo's counters and per-frame compilation metrics (cumulative over the process)."""
-    from torch._dynamo.utils import calculate_time_spent, counters, get_compilation_metrics
-
-    metrics = get_compilation_metrics()
-    times = calculate_time_spent()
-    breaks = Counter({str(reason): int(count) for reason, count in counters["graph_break"].items()})
-    return CompileReport(
-        compile_time_s=float(times.get("total_wall_time", 0.0)),
-        # One entry per dynamo frame compile, and one without guards per AOT backward compile: count the former.
-        frames_compiled=sum(1 for m in metrics if getattr(m, "is_forward", True) and getattr(m, "has_guarded_code", True)),
-        graphs=int(counters["stats"]["unique_graphs"]),
-        graph_breaks=dict(breaks),
-        recompile_reasons=[m.recompile_reason for m in metrics if getattr(m, "recompile_reason", None)],
-    )

@@ -5,7 +5,8 @@ Order (torchtitan's, and each step depends on the previous ones):
    float8_tp.py); parameters become DTensors on the ``tp`` mesh; then context parallel and expert parallel
    (expert_parallel.py), which change what attention and the MoE layers exchange;
 2. activation checkpointing of blocks (wraps each block, so it must see the TP'd block);
-3. ``torch.compile`` per block (compiles the TP'd, checkpointed block as one graph);
+3. ``torch.compile`` per block (compiles the TP'd, checkpointed block as one graph), or of the whole model part
+   (``compile.granularity = model_whole``);
 4. data parallel last: FSDP2 / HSDP (``fully_shard`` adds the ``dp`` dimension to the TP DTensors, and computes in
    the run's dtype by its mixed-precision policy) or, without FSDP, the forward under autocast to that dtype and
    DDP where there are replicas (mixed_precision.py).
@@ -150,7 +151,14 @@ def parallelize_decoder(
     if options.compile_model:
         if options.compile_trace_dir:
             start_compile_trace(options.compile_trace_dir)
-        apply_compile(model.layers, options.compile_backend)
+        apply_compile(
+            model,
+            options.compile_granularity,
+            backend=options.compile_backend,
+            mode=options.compile_mode,
+            fullgraph=options.compile_fullgraph,
+            dynamic=options.compile_dynamic,
+        )
     param_dtype = parse_dtype(options.param_dtype, "training.mixed_precision_param")
     reduce_dtype = parse_dtype(options.reduce_dtype, "training.mixed_precision_reduce")
     if dims.fsdp_enabled:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dtrain.parallelize.activation_checkpoint import check_memory_budget, parse_selective_option
+from dtrain.parallelize.compile import check_compile_options
 from dtrain.parallelize.context_parallel import cp_attention_path
 from dtrain.parallelize.data_parallel import RESHARD_MODES, parse_dtype
 from dtrain.parallelize.errors import ParallelismError
@@ -30,6 +31,10 @@ class ParallelizeOptions:
     memory_budget: float = 0.5  # [activation_checkpoint.memory_budget], for mode memory_budget
     compile_model: bool = False  # [compile.enable and "model" in compile.components]
     compile_backend: str = "inductor"  # [compile.backend]
+    compile_mode: str = "default"  # [compile.mode]
+    compile_fullgraph: bool = True  # [compile.fullgraph]
+    compile_dynamic: str = "false"  # [compile.dynamic]
+    compile_granularity: str = "per_block"  # [compile.granularity]
     compile_trace_dir: str | None = None  # [<job.dump_folder>/<compile.trace_folder> when that is set]
     async_tp: bool = False  # [parallelism.enable_async_tensor_parallel]
     cp_load_balancer: str = "headtail"  # [parallelism.context_parallel_load_balancer]
@@ -61,5 +66,11 @@ class ParallelizeOptions:
                 f"parallelism.context_parallel_rotate_method={self.cp_rotate_method!r} needs torch's ring attention "
                 f"(CUDA, causal mask); context parallel on {self.device_type} with training.attention_mask="
                 f"{self.attention_mask!r} all-gathers keys and values (valid: allgather)"
+            )
+        if self.compile_model:
+            check_compile_options(
+                self.compile_mode, self.compile_dynamic, self.compile_granularity, self.compile_backend,
+                self.device_type, fullgraph=self.compile_fullgraph,
+                data_parallel=dims.fsdp_enabled or dims.ddp_enabled,
             )
         check_async_tp(self.async_tp, tp=dims.tp, device_type=self.device_type, compile_model=self.compile_model)

@@ -332,9 +332,31 @@ class ActivationCheckpoint:
 
 @dataclass
 class Compile:
-    enable: bool = opt(False, "torch.compile the components below (each transformer block separately).")
+    enable: bool = opt(False, "torch.compile the components below (the model as compile.granularity says).")
     components: list[str] = opt(["model", "loss"], "What to compile: model and/or loss.")
     backend: str = opt("inductor", "torch.compile backend.")
+    mode: str = opt(
+        "default",
+        "torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, or max-autotune-no-cudagraphs; "
+        "the CUDA-graph modes need CUDA.",
+        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+    )
+    fullgraph: bool = opt(
+        True, "Refuse graph breaks inside a compiled unit (false: break and run the rest eagerly); units with MoE "
+        "layers always allow them.",
+    )
+    dynamic: str = opt(
+        "false",
+        "Dynamic shapes: false (specialize on every shape), true (symbolic shapes from the start), or auto "
+        "(torch's default: specialize, then recompile dynamic on a shape change).",
+        choices=("false", "true", "auto"),
+    )
+    granularity: str = opt(
+        "per_block",
+        "What one torch.compile call covers: per_block (each transformer block, as torchtitan does: small graphs, "
+        "fast compiles) or model_whole (the whole model part in one graph, for comparison).",
+        choices=("per_block", "model_whole"),
+    )
     trace_folder: str = opt(
         "", "Folder inside job.dump_folder for torch's structured compile trace (TORCH_TRACE; open with tlparse); "
         "empty = off."
@@ -362,6 +384,15 @@ class Profiling:
     profile_freq: int = opt(10, "Steps between profiler windows.", minimum=1)
     profiler_warmup: int = opt(3, "Warmup steps inside each profiler window.", minimum=0)
     profiler_active: int = opt(1, "Recorded steps inside each profiler window.", minimum=1)
+    record_shapes: bool = opt(False, "Profiler: record the input shapes of every operator (its top-k table shows them).")
+    with_stack: bool = opt(False, "Profiler: record the Python stack of every operator (larger traces).")
+    profile_memory: bool = opt(
+        False, "Profiler: track tensor allocations; on CUDA also export the memory timeline beside the trace."
+    )
+    top_ops: int = opt(
+        15, "Operators in the table of each profiler window (by self time), logged and written beside its trace; "
+        "0 = none.", minimum=0,
+    )
     enable_memory_snapshot: bool = opt(False, "Dump a CUDA allocator memory snapshot (CUDA only).")
     save_memory_snapshot_folder: str = opt("memory_snapshot", "Memory snapshot folder inside job.dump_folder.")
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch.distributed.tensor import DTensor
 
+from dtrain.compile_report import collect_compile_report
 from dtrain.config.schema import JobConfig, LRScheduler, Optimizer
 from dtrain.data.dataloader import document_ids
 from dtrain.distributed import dp_rank_and_size
@@ -33,7 +34,6 @@ from dtrain.parallelize import (
     ParallelDims,
     ParallelizeOptions,
     build_mesh,
-    compile_report,
     get_family,
     init_weights_like_single_device,
     memory_footprint,
@@ -401,14 +401,14 @@ def run_layouts(rank: int, world_size: int, layouts: list[Layout]) -> dict:
     for layout in layouts:
         compiled = layout.options.get("compile_model", False)
         if compiled:
-            # compile_report is cumulative over the process; start each compiled layout from zero.
+            # The compile report is cumulative over the process; start each compiled layout from zero.
             torch._dynamo.reset()
             torch._dynamo.utils.clear_compilation_metrics()
             torch._dynamo.utils.counters.clear()
         result, initial, placements = run_layout(layout, world_size, meshes)
         if compiled:
             stop_compile_trace()
-            result["compile"] = compile_report()
+            result["compile"] = collect_compile_report()
         if rank != 0:
             continue
         expected = references[layout.reference][1]
