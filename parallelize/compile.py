@@ -55,7 +55,7 @@ def check_compile_options(
         )
 
 
-def compile_kwargs(backend: str, mode: str = "default", fullgraph: bool = True, dynamic: str = "false") -> dict:
+def compile_kwargs(backend: str, mode: str = "default", fullgraph: bool = True, dynamic: str = "auto") -> dict:
     """The keyword arguments of ``torch.compile`` for these config values (compile.dynamic auto is torch's None:
     static first, then dynamic after a shape change)."""
     return dict(backend=backend, mode=mode, fullgraph=fullgraph, dynamic=DYNAMIC_SHAPES[dynamic])
@@ -68,7 +68,7 @@ def apply_compile(
     backend: str = "inductor",
     mode: str = "default",
     fullgraph: bool = True,
-    dynamic: str = "false",
+    dynamic: str = "auto",
 ) -> None:
     """Compile `model`'s blocks (``model.layers``), or with ``model_whole`` the model itself, in place.
 

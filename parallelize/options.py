@@ -33,7 +33,7 @@ class ParallelizeOptions:
     compile_backend: str = "inductor"  # [compile.backend]
     compile_mode: str = "default"  # [compile.mode]
     compile_fullgraph: bool = True  # [compile.fullgraph]
-    compile_dynamic: str = "false"  # [compile.dynamic]
+    compile_dynamic: str = "auto"  # [compile.dynamic]
     compile_granularity: str = "per_block"  # [compile.granularity]
     compile_trace_dir: str | None = None  # [<job.dump_folder>/<compile.trace_folder> when that is set]
     async_tp: bool = False  # [parallelism.enable_async_tensor_parallel]

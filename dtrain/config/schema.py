@@ -346,7 +346,7 @@ class Compile:
         "layers always allow them.",
     )
     dynamic: str = opt(
-        "false",
+        "auto",
         "Dynamic shapes: false (specialize on every shape), true (symbolic shapes from the start), or auto "
         "(torch's default: specialize, then recompile dynamic on a shape change).",
         choices=("false", "true", "auto"),
