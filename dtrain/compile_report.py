@@ -120,6 +120,7 @@ class CompileReport:
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     recompiles: list[dict[str, str]] = field(default_factory=list)  # frame, location, compile_id, reason
     cache: dict[str, dict[str, int]] = field(default_factory=dict)  # fx_graph / aot_autograd: hit, miss, bypass
+    portable_cache: dict | None = None  # what compile.cache loaded before the first step: from, artifacts
     torch_version: str = torch.__version__
 
     @property
@@ -138,7 +139,9 @@ class CompileReport:
         lines = [
             f"compile: {self.compile_time_s:.1f} s ({split}), {self.frames_compiled} frame(s) compiled, "
             f"{self.graphs} graph(s), {self.graph_break_count} graph break(s), {len(self.recompiles)} recompile(s), "
-            f"FX graph cache {fx.get('hit', 0)} hit / {fx.get('miss', 0)} miss" + (f"; report: {path}" if path else "")
+            f"FX graph cache {fx.get('hit', 0)} hit / {fx.get('miss', 0)} miss"
+            + (f" ({sum(self.portable_cache['artifacts'].values())} artifact(s) loaded)" if self.portable_cache else "")
+            + (f"; report: {path}" if path else "")
         ]
         firsts = []
         if self.graph_breaks:
@@ -262,9 +265,10 @@ def report_file(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / ("compile_report.json" if rank == 0 else f"compile_report_rank{rank}.json")
 
 
-def write_compile_report(run_dir: Path, rank: int) -> CompileReport:
+def write_compile_report(run_dir: Path, rank: int, portable_cache: dict | None = None) -> CompileReport:
     """Collect the report, write it as JSON into `run_dir` for this rank and stop watching graph breaks."""
     report = collect_compile_report()
+    report.portable_cache = portable_cache
     stop_watching_graph_breaks()
     report_file(run_dir, rank).write_text(json.dumps(report.to_json(), indent=1) + "\n")
     return report

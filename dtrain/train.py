@@ -20,6 +20,7 @@ from dtrain.config import to_toml
 from dtrain.config.toml_io import config_to_dict
 from dtrain.checks import Prepared
 from dtrain.checkpoint import CheckpointManager, PreemptionWatcher
+from dtrain.compile_cache import PortableCompileCache
 from dtrain.compile_report import report_file, watch_graph_breaks, write_compile_report
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_dataloader
@@ -36,7 +37,7 @@ from dtrain.model_builder import build_model_parts
 from dtrain.models import ModelFamily, count_params
 from dtrain.nonfinite import NonFiniteGuard
 from dtrain.optim import build_optimizers
-from dtrain.parallelize import FamilySpec, compile_kwargs, stop_compile_trace
+from dtrain.parallelize import FamilySpec, compile_debug_output, compile_kwargs, stop_compile_trace
 from dtrain.profiling import maybe_memory_snapshot, maybe_profile
 from dtrain.rng import set_determinism
 from dtrain.run_lock import locked_run_folder
@@ -143,8 +144,14 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.rank.dp_size,
         )
         log_parallel_plans(family, layout)
+        compile_cache = None
+        if cfg.compile.enable and cfg.compile.cache:
+            compile_cache = PortableCompileCache.for_run(cfg, world.rank, world.world_size)
+            compile_cache.load()
         try:
-            preempted = run_loop(cfg, world, state, run_dir, checkpoints, metrics, accumulation, validator)
+            preempted = run_loop(
+                cfg, world, state, run_dir, checkpoints, metrics, accumulation, validator, compile_cache
+            )
         except Exception as err:
             if world.distributed and is_timeout(err):
                 raise timed_out(cfg, err) from err
@@ -164,6 +171,7 @@ def run_loop(
     metrics: MetricsLogger,
     accumulation: int,
     validator: Validator | None = None,
+    compile_cache: PortableCompileCache | None = None,
 ) -> bool:
     """Step until `training.steps` or a preemption signal (then True): log, validate, checkpoint, profile on the
     way."""
@@ -183,11 +191,12 @@ def run_loop(
         ):
             while state.step < cfg.training.steps and not stop:
                 batch = [to_device(next(data), world.device) for _ in range(accumulation)]
-                step_metrics = train_step(state, batch)
+                with step_context(cfg, run_dir, world.rank, first=state.step == start_step):
+                    step_metrics = train_step(state, batch)
                 if state.skip_nonfinite_steps == 0:  # else the step itself skips such steps or stops the run
                     nonfinite.record(state.step, step_metrics["loss"], step_metrics["grad_norm"])
                 if state.step == start_step + 1:
-                    log_after_first_step(cfg, state, run_dir, world.rank)
+                    log_after_first_step(cfg, state, run_dir, world.rank, compile_cache)
                     if world.distributed:  # start-up is over: from now on a hung collective is an error soon
                         set_collective_timeout(cfg.comm.train_timeout_seconds)
                 # All ranks agree on the signal, so they save the same step and stop together.
@@ -209,6 +218,8 @@ def run_loop(
                 if state.step % cfg.training.gc_freq == 0:
                     gc.collect(1)
             nonfinite.check()
+        if compile_cache is not None:  # later steps (validation, a last short batch) may have compiled more
+            compile_cache.save(state.step)
     finally:
         gc.enable()
         metrics.close()
@@ -226,14 +237,36 @@ def timed_out(cfg: JobConfig, err: BaseException) -> DtrainError:
     )
 
 
-def log_after_first_step(cfg: JobConfig, state: TrainState, run_dir: Path, rank: int) -> None:
+def compile_debug_folder(cfg: JobConfig, run_dir: Path, rank: int) -> Path | None:
+    """This rank's folder for inductor's generated code (compile.debug_dir), or None when that is off."""
+    if cfg.compile.enable and cfg.compile.debug_dir:
+        return run_dir / cfg.compile.debug_dir / f"rank{rank}"
+    return None
+
+
+def step_context(cfg: JobConfig, run_dir: Path, rank: int, *, first: bool) -> contextlib.AbstractContextManager:
+    """Where a step runs: the first one, with compile.debug_dir, inside inductor's code dump for this rank."""
+    folder = compile_debug_folder(cfg, run_dir, rank)
+    return compile_debug_output(str(folder)) if first and folder else contextlib.nullcontext()
+
+
+def log_after_first_step(
+    cfg: JobConfig, state: TrainState, run_dir: Path, rank: int, compile_cache: PortableCompileCache | None
+) -> None:
     """What only exists once a step has run: optimizer state (memory evidence) and compiled graphs (the compile
-    report, written per rank into the run folder and summarised in the log)."""
+    report, written per rank into the run folder and summarised in the log; the portable compile cache)."""
     log_memory(state.model_parts, state.optimizer)
     if cfg.compile.enable:
         stop_compile_trace()
-        report = write_compile_report(run_dir, rank)
+        report = write_compile_report(run_dir, rank, compile_cache.loaded if compile_cache else None)
         logger.info(report.format(report_file(run_dir, rank)))
+    debug_folder = compile_debug_folder(cfg, run_dir, rank)
+    if debug_folder:
+        code = debug_folder / "torchinductor"
+        graphs = len(list(code.iterdir())) if code.is_dir() else 0
+        logger.info(f"compile: inductor's code of {graphs} graph(s) compiled in this run's first step is in {code}")
+    if compile_cache is not None:
+        compile_cache.save(state.step)
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ from dtrain.parallelize.activation_checkpoint import SAC_SAVE_OPS, apply_ac
 from dtrain.parallelize.compile import (
     apply_compile,
     check_compile_options,
+    compile_debug_output,
     compile_kwargs,
     start_compile_trace,
     stop_compile_trace,
@@ -56,6 +57,7 @@ __all__ = [
     "apply_ac",
     "apply_compile",
     "check_compile_options",
+    "compile_debug_output",
     "compile_kwargs",
     "apply_ddp",
     "apply_fsdp",

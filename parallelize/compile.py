@@ -11,7 +11,10 @@ What torch.compile did (times, graphs, breaks, recompiles, caches) is ``dtrain.c
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import warnings
+from collections.abc import Iterator
 
 from torch import nn
 
@@ -110,3 +113,28 @@ def stop_compile_trace() -> None:
         trace_log.removeHandler(_trace_handler)
         _trace_handler.close()
         _trace_handler = None
+
+
+@contextlib.contextmanager
+def compile_debug_output(folder: str) -> Iterator[None]:
+    """A context in which inductor writes the code it generates (what ``TORCH_COMPILE_DEBUG=1`` writes: FX graphs,
+    IR before and after fusion, ``output_code.py``) into ``folder/torchinductor``, one subfolder per graph.
+
+    Caches are off inside it: a cache hit skips code generation and would write nothing. Inductor's warning line
+    per graph ("debug trace: <folder>") and dynamo's warning that caches are off are kept out of the log: the
+    trainer names the folder once.
+    """
+    from torch._inductor import config as inductor_config
+
+    debug_log = logging.getLogger("torch._inductor.debug")
+    level = debug_log.level
+    debug_log.setLevel(logging.ERROR)
+    try:
+        with (
+            inductor_config.patch({"trace.enabled": True, "trace.debug_dir": folder, "force_disable_caches": True}),
+            warnings.catch_warnings(),
+        ):
+            warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
+            yield
+    finally:
+        debug_log.setLevel(level)

@@ -5,7 +5,9 @@
 #      compile, compile + float8 tensorwise and rowwise (and MXFP8 on Blackwell-class GPUs), in bf16 with fused
 #      AdamW (optimizer.implementation auto):
 #      tokens/s, MFU in dtrain's convention and torchtitan's, peak memory (scripts/bench_layouts.py);
-#   3. one run that writes a CUDA memory snapshot and saves an async checkpoint from pinned memory, then checks
+#   3. scripts/compile_study.py on the first model: eager, compile default and reduce-overhead, and what the
+#      portable compile cache (compile.cache) saves against a cold compile and a warm local cache;
+#   4. one run that writes a CUDA memory snapshot and saves an async checkpoint from pinned memory, then checks
 #      that both exist.
 # It prints one table per model and writes everything to GPU_CHECK_OUT (default gpu_check_<date>.md); record the
 # table in docs/benchmarks.md with the exact command.
@@ -32,12 +34,14 @@ if [[ "${DRY_RUN:-0}" == 1 ]]; then
     SHAPE=(--model.tokenizer byte --training.seq_len 64 --training.mixed_precision_param float32)
     BATCH=2
     CUDA_ONLY=(--checkpoint.async_mode async)  # pinned staging and memory snapshots are refused without CUDA
+    STUDY_MODES=default
 else
     STEPS=30; WARMUP=10
     MODELS=("llama3 1B" "qwen3 1.7B")
     SHAPE=(--model.tokenizer byte --model.args.vocab_size 128256 --training.seq_len 2048)
     BATCH=4
     CUDA_ONLY=(--checkpoint.async_mode async_with_pinned_mem --profiling.enable_memory_snapshot)
+    STUDY_MODES=default,reduce-overhead  # CUDA graphs: what they add on top of the compiled kernels
 fi
 
 {
@@ -64,8 +68,14 @@ for model in "${MODELS[@]}"; do
     tee -a "$OUT" < "$WORK/table.md"
 done
 
-echo -e "\n## memory snapshot and async checkpoint (pinned memory)\n" | tee -a "$OUT"
+echo -e "\n## ${MODELS[0]}: compile modes, cold compile against the portable compile cache\n" | tee -a "$OUT"
 read -r name flavor <<<"${MODELS[0]}"
+"$PYTHON" scripts/compile_study.py --config debug_model --modes "$STUDY_MODES" --steps 6 --cache \
+    --model.name "$name" --model.flavor "$flavor" "${SHAPE[@]}" --training.local_batch_size "$BATCH" \
+    --training.dataset synthetic | tee -a "$OUT" \
+    || echo "compile study: exit $? (a failed variant names its error in its row)" | tee -a "$OUT"
+
+echo -e "\n## memory snapshot and async checkpoint (pinned memory)\n" | tee -a "$OUT"
 NPROC=1 ./run_train.sh --training.dataset synthetic --training.steps 4 --job.dump_folder "$WORK/snapshot_run" \
     --model.name "$name" --model.flavor "$flavor" "${SHAPE[@]}" --training.local_batch_size "$BATCH" \
     --checkpoint.enable --checkpoint.interval 2 "${CUDA_ONLY[@]}" >"$WORK/snapshot_run.log" 2>&1 \

@@ -361,6 +361,24 @@ class Compile:
         "", "Folder inside job.dump_folder for torch's structured compile trace (TORCH_TRACE; open with tlparse); "
         "empty = off."
     )
+    cache: bool = opt(
+        False,
+        "Save torch's portable compile cache (torch.compiler.save_cache_artifacts) after the first step and load it "
+        "before the first step of a later run of the same model and layout: a resumed run skips AOT autograd and "
+        "inductor (on CPU the C++ kernels are still built, unless this machine's inductor cache has them).",
+    )
+    cache_dir: str = opt(
+        "",
+        "Where compile.cache keeps its files (one subfolder per model/layout key); relative to job.dump_folder "
+        "unless absolute; empty = <dump_folder>/compile_cache. Share it between runs to reuse their compiles; only "
+        "a folder you trust (loading runs the code in it).",
+    )
+    debug_dir: str = opt(
+        "",
+        "Folder inside job.dump_folder for inductor's generated code of what the first step compiles (the "
+        "TORCH_COMPILE_DEBUG output: FX graphs, IR before and after fusion, output_code.py), one folder per rank; "
+        "the first step then compiles without caches; empty = off.",
+    )
 
 
 @dataclass

@@ -122,6 +122,17 @@ def _check_activation_checkpoint_and_compile(cfg: JobConfig) -> None:
             raise ConfigError(
                 f"compile.components may contain {', '.join(COMPILE_COMPONENTS)}; got {show_value(component)}"
             )
+    debug_dir = cfg.compile.debug_dir
+    if debug_dir and (Path(debug_dir).is_absolute() or ".." in Path(debug_dir).parts):
+        raise ConfigError(
+            "compile.debug_dir must be a relative folder inside job.dump_folder (e.g. compile_debug); "
+            f"got {debug_dir!r}"
+        )
+    if debug_dir and cfg.compile.cache:
+        raise ConfigError(
+            "compile.debug_dir compiles the first step without caches (to generate the code it writes), so "
+            "compile.cache would save nothing: set one of them"
+        )
 
 
 def _check_data_and_tokenizer(cfg: JobConfig) -> None:

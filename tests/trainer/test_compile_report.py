@@ -17,7 +17,7 @@ from dtrain.compile_report import (
 from tests.e2e.run_train_helpers import FP32, run_train
 
 REPORT_KEYS = {"compile_time_s", "time_split_s", "frames_compiled", "graphs", "frames", "graph_breaks",
-               "recompiles", "cache", "torch_version", "graph_break_count"}
+               "recompiles", "cache", "portable_cache", "torch_version", "graph_break_count"}
 
 
 def breaks_once(x):
@@ -78,17 +78,17 @@ def test_fullgraph_turns_the_same_break_into_an_error(fresh_dynamo):
 
 
 @pytest.mark.slow
-def test_the_trainer_writes_the_report_and_logs_it_once_after_the_first_step(tmp_path):
+def test_the_trainer_writes_the_report_logs_it_once_and_dumps_inductor_code_of_the_first_step(tmp_path):
     run_dir = tmp_path / "run"
     result = run_train(
         "--model.args.n_layers", "2", "--model.args.dim", "64", "--model.args.n_heads", "4",
         "--model.args.n_kv_heads", "2", "--training.seq_len", "16", "--training.local_batch_size", "2",
         "--training.steps", "2", "--metrics.log_freq", "1", *FP32, "--compile.enable",
-        "--job.dump_folder", str(run_dir),
+        "--compile.debug_dir", "compile_debug", "--job.dump_folder", str(run_dir),
     )
     assert result.returncode == 0, result.stderr[-2000:]
     log = result.stdout + result.stderr
-    (line,) = [line for line in log.splitlines() if " INFO compile: " in line]
+    (line,) = [line for line in log.splitlines() if " INFO compile: " in line and "report:" in line]
     assert "compile: compile:" not in line and f"report: {run_dir / 'compile_report.json'}" in line
     assert "0 graph break(s), 0 recompile(s)" in line
     report = json.loads((run_dir / "compile_report.json").read_text())
@@ -100,5 +100,12 @@ def test_the_trainer_writes_the_report_and_logs_it_once_after_the_first_step(tmp
     assert sum(report["time_split_s"].values()) == pytest.approx(report["compile_time_s"], abs=0.01)
     # A frame found in the AOT autograd cache loads forward and backward at once: no backward compile of its own.
     assert all(frame["total_s"] > 0 and frame["backward_s"] >= 0 for frame in report["frames"])
-    fx = report["cache"]["fx_graph"]
-    assert fx["hit"] + fx["miss"] == 4  # forward and backward of each frame
+    # compile.debug_dir: inductor generated (no cache hit skipped it) and wrote the code of every graph.
+    assert report["cache"]["fx_graph"]["hit"] == 0
+    code = run_dir / "compile_debug" / "rank0" / "torchinductor"
+    graphs = sorted(folder.name for folder in code.iterdir())
+    assert len(graphs) == 4 and sum("backward" in name for name in graphs) == 2, graphs
+    assert f"compile: inductor's code of 4 graph(s) compiled in this run's first step is in {code}" in log
+    assert "debug trace:" not in log and "dynamo_pgo" not in log  # torch's lines per graph stay out of the log
+    for folder in code.iterdir():
+        assert {"output_code.py", "fx_graph_readable.py", "ir_post_fusion.txt"} <= {p.name for p in folder.iterdir()}

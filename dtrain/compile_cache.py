@@ -1,0 +1,164 @@
+"""torch's portable compile cache, kept with the run: a resumed run, or a new run of the same model and layout,
+loads what an earlier one compiled instead of compiling it again.
+
+``torch.compiler.save_cache_artifacts()`` serializes what the caches behind torch.compile recorded in this
+process (FX graph cache entries with inductor's generated code, AOT autograd entries, autotuning results,
+the dynamic-shape profiles of ``compile.dynamic = auto``; on CUDA the compiled Triton kernels ride inside the FX
+graph entries). ``load_cache_artifacts`` writes them back into this machine's caches before anything compiles,
+so compiling becomes cache hits: dynamo still traces, AOT autograd and inductor are skipped. On CPU, torch does
+not bundle the C++ kernels' shared objects into the artifacts, so those are compiled again unless this
+machine's local cache (``TORCHINDUCTOR_CACHE_DIR``) still has them (docs/benchmarks.md measures both).
+
+Layout on disk, ``<compile.cache_dir or <dump_folder>/compile_cache>/<key>/``:
+- ``rank<r>.bin``: rank r's artifacts (each rank compiles its own graphs: pipeline stages differ), written
+  atomically after the first step and again at the end if later steps compiled more;
+- ``rank<r>.json``: its size, xxh3 checksum, artifact counts and the step it was saved at;
+- ``key.json``: what the key hashes, so a person can see why a cache was not used.
+
+The key hashes only what shapes the compiled graphs (`graph_settings`), so a run that changes the step count,
+learning rate or data shares the cache. torch's caches are content-addressed: an artifact that does not match a
+graph is never used, so a key that is too coarse costs disk, never correctness. Loading a cache runs the code in
+it, like loading a pickle: point compile.cache_dir only at folders you trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import xxhash
+
+from dtrain.config.schema import JobConfig
+from dtrain.config.toml_io import config_to_dict
+
+logger = logging.getLogger("dtrain")
+
+DEFAULT_FOLDER = "compile_cache"
+# Compile settings that only say where things are written: they change no graph.
+_OUTPUT_ONLY_COMPILE_KEYS = ("cache", "cache_dir", "trace_folder", "debug_dir")
+# Training settings that shape the graphs: batch and sequence shapes, dtypes, masks, offloading.
+_GRAPH_TRAINING_KEYS = (
+    "seq_len", "local_batch_size", "mixed_precision_param", "mixed_precision_reduce", "enable_cpu_offload",
+    "attention_mask",
+)
+
+
+def graph_settings(cfg: JobConfig, world_size: int) -> dict:
+    """The settings the compiled graphs depend on: torch and device, model, layout, AC, compile, precision and
+    batch shapes (the key hashes these)."""
+    document = config_to_dict(cfg)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {
+        "torch": torch.__version__,
+        "device": device,
+        "world_size": world_size,
+        "model": document["model"],
+        "parallelism": document["parallelism"],
+        "activation_checkpoint": document["activation_checkpoint"],
+        "compile": {k: v for k, v in document["compile"].items() if k not in _OUTPUT_ONLY_COMPILE_KEYS},
+        "quantize": document["quantize"],
+        "optimizer": {k: document["optimizer"][k] for k in ("name", "implementation")},
+        "training": {k: document["training"][k] for k in _GRAPH_TRAINING_KEYS},
+    }
+
+
+def cache_key(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cache_root(cfg: JobConfig) -> Path:
+    """compile.cache_dir (relative to job.dump_folder unless absolute), or the run folder's compile_cache."""
+    return Path(cfg.job.dump_folder) / (cfg.compile.cache_dir or DEFAULT_FOLDER)
+
+
+@dataclass
+class PortableCompileCache:
+    """This rank's compile cache file for this run's key: `load` before the first step, `save` after it."""
+
+    folder: Path  # <root>/<key>
+    rank: int
+    settings: dict
+    saved_artifacts: int = 0  # how many artifacts the last save (or the load) held
+    loaded: dict | None = None  # what `load` put into the caches, for the compile report
+
+    @classmethod
+    def for_run(cls, cfg: JobConfig, rank: int, world_size: int) -> PortableCompileCache:
+        settings = graph_settings(cfg, world_size)
+        return cls(cache_root(cfg) / cache_key(settings), rank, settings)
+
+    @property
+    def data_file(self) -> Path:
+        return self.folder / f"rank{self.rank}.bin"
+
+    @property
+    def record_file(self) -> Path:
+        return self.folder / f"rank{self.rank}.json"
+
+    def load(self) -> None:
+        """Put this rank's saved artifacts into torch's caches, if there are any for this key; a damaged file is
+        reported and skipped (the run then compiles as without a cache)."""
+        if not self.data_file.exists():
+            others = [p.name for p in self.folder.parent.glob("*/key.json")] if self.folder.parent.is_dir() else []
+            logger.info(
+                "compile cache: nothing saved for this model and layout in %s (%d other key(s) there); compiling "
+                "afresh", self.folder.parent, len(others),
+            )
+            return
+        data = self.data_file.read_bytes()
+        problem = self._damage(data)
+        if problem:
+            logger.warning("compile cache: %s is %s; compiling afresh", self.data_file, problem)
+            return
+        info = torch.compiler.load_cache_artifacts(data)
+        counts = _counts(info)
+        self.saved_artifacts = sum(counts.values())
+        self.loaded = {"from": str(self.data_file), "artifacts": counts}
+        logger.info("compile cache: loaded %s from %s", _describe(counts), self.data_file)
+
+    def _damage(self, data: bytes) -> str | None:
+        try:
+            record = json.loads(self.record_file.read_text())
+        except (OSError, ValueError) as err:
+            return f"without a readable {self.record_file.name} ({err})"
+        if record.get("bytes") != len(data) or record.get("xxh3_64") != xxhash.xxh3_64_hexdigest(data):
+            return f"damaged (its size or checksum differs from {self.record_file.name})"
+        return None
+
+    def save(self, step: int) -> None:
+        """Write what this process's compiles recorded, when it holds more than what is on disk (atomically: a
+        crash mid-write leaves the previous file)."""
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None:
+            return
+        data, info = saved
+        counts = _counts(info)
+        if sum(counts.values()) <= self.saved_artifacts:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            _write_atomically(self.folder / "key.json", (json.dumps(self.settings, indent=1) + "\n").encode())
+        record = {"bytes": len(data), "xxh3_64": xxhash.xxh3_64_hexdigest(data), "artifacts": counts, "step": step}
+        _write_atomically(self.data_file, data)
+        _write_atomically(self.record_file, (json.dumps(record, indent=1) + "\n").encode())
+        self.saved_artifacts = sum(counts.values())
+        logger.info("compile cache: saved %s (%.1f MB) to %s", _describe(counts), len(data) / 1e6, self.data_file)
+
+
+def _counts(info) -> dict[str, int]:
+    return {kind: len(keys) for kind, keys in info.artifacts.items() if keys}
+
+
+def _describe(counts: dict[str, int]) -> str:
+    kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))
+    return f"{sum(counts.values())} artifact(s) ({kinds})"
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(path.name + f".tmp{os.getpid()}")
+    temporary.write_bytes(data)
+    os.replace(temporary, path)
