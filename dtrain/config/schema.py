@@ -363,9 +363,10 @@ class Compile:
     )
     cache: bool = opt(
         False,
-        "Save torch's portable compile cache (torch.compiler.save_cache_artifacts) after the first step and load it "
-        "before the first step of a later run of the same model and layout: a resumed run skips AOT autograd and "
-        "inductor (on CPU the C++ kernels are still built, unless this machine's inductor cache has them).",
+        "With compile.enable: save torch's portable compile cache (torch.compiler.save_cache_artifacts) after the "
+        "first step and load it before the first step of a later run of the same model and layout: a resumed run "
+        "skips AOT autograd and inductor (on CPU the C++ kernels are still built, unless this machine's inductor "
+        "cache has them).",
     )
     cache_dir: str = opt(
         "",
@@ -375,9 +376,9 @@ class Compile:
     )
     debug_dir: str = opt(
         "",
-        "Folder inside job.dump_folder for inductor's generated code of what the first step compiles (the "
-        "TORCH_COMPILE_DEBUG output: FX graphs, IR before and after fusion, output_code.py), one folder per rank; "
-        "the first step then compiles without caches; empty = off.",
+        "With compile.enable: folder inside job.dump_folder for inductor's generated code of what the first step "
+        "compiles (the TORCH_COMPILE_DEBUG output: FX graphs, IR before and after fusion, output_code.py), one "
+        "folder per rank; the first step then compiles without caches; empty = off.",
     )
 
 
