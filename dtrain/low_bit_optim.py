@@ -30,9 +30,16 @@ LOW_BIT_FORMATS = {
 MIN_QUANTIZED_NUMEL = 4096
 
 
+def low_bit_suffix(name: str) -> str | None:
+    """The moment format's key in LOW_BIT_FORMATS of optimizer.name `name` (8bit for AdamW8bit), None for torch's
+    AdamW and Adam (float moments)."""
+    return next((suffix for suffix in LOW_BIT_FORMATS if name.endswith(suffix)), None)
+
+
 def low_bit_format(name: str) -> LowBitFormat | None:
     """The moment format of optimizer.name `name` (AdamW8bit, Adam4bit, ...), None for torch's AdamW and Adam."""
-    return next((f for suffix, f in LOW_BIT_FORMATS.items() if name.endswith(suffix)), None)
+    suffix = low_bit_suffix(name)
+    return LOW_BIT_FORMATS[suffix] if suffix else None
 
 
 def quantizes(fmt: LowBitFormat, local_numel: int) -> bool:

@@ -65,6 +65,8 @@ class CommitRecord:
     torch_version: str = ""
     # Whether the head shared the embedding's weight; None where not recorded (older and converted checkpoints).
     tie_word_embeddings: bool | None = None
+    # optimizer.name of the run that saved a full state; "" where not recorded (older and model-only checkpoints).
+    optimizer: str = ""
     # {file: {byte offset: digest}} of every stored item and of .metadata (checksums.py); empty in older records.
     checksums: dict = field(default_factory=dict)
     checksum_algorithm: str = ""

@@ -236,6 +236,7 @@ class CheckpointManager:
             saved_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             torch_version=torch.__version__,
             tie_word_embeddings=getattr(ctx.model_args, "tie_word_embeddings", None),
+            optimizer=ctx.cfg.optimizer.name if kind == "full" else "",
         )
 
     def save_seed_checkpoint(self) -> Path:

@@ -32,6 +32,7 @@ from dtrain.checkpoint.folders import (
 from dtrain.checkpoint.safe_reading import UnsafeCheckpoint
 from dtrain.checkpoint.spellings import family_spellings, find_spelling, whole_tensor_batches
 from dtrain.errors import DtrainError
+from dtrain.low_bit_optim import low_bit_suffix
 from dtrain.models.family import WeightSpelling
 
 logger = logging.getLogger("dtrain")
@@ -302,6 +303,8 @@ def load_full_state(ctx: RunContext, path: Path, record: CommitRecord) -> None:
     exclude = set(ctx.cfg.checkpoint.exclude_from_loading)
     if "dataloader" not in exclude:
         check_data_layout(ctx, path, record)
+    if "optimizer" not in exclude:
+        check_optimizer(path, record.optimizer, ctx.cfg.optimizer.name)
     current = state.state_dict()
     shapes = dcp_io.read_tensor_shapes(path)
     dcp_io.check_weights_fit(path, shapes, f"{dcp_io.MODEL_KEY}.", current[dcp_io.MODEL_KEY])
@@ -320,6 +323,26 @@ def load_full_state(ctx: RunContext, path: Path, record: CommitRecord) -> None:
         state.optimizer.state.clear()
     if exclude:
         logger.info(f"checkpoint: not loaded (checkpoint.exclude_from_loading): {', '.join(sorted(exclude))}")
+
+
+def check_optimizer(path: Path, saved: str, ours: str) -> None:
+    """Refuse optimizer state stored in another moment format (torch's float moments, torchao's 8-bit, 4-bit or
+    float8 ones): DCP would load float moments into a low-bit optimizer whole, silently undoing its memory saving,
+    and fail on the reverse with a message about metadata. Optimizers of one format (AdamW and Adam) share their
+    state, so switching between them continues it, said in the log."""
+    if not saved or saved == ours:  # "": a record from before dtrain recorded it
+        return
+    if low_bit_suffix(saved) != low_bit_suffix(ours):
+        raise DtrainError(
+            f"checkpoint {path} holds the optimizer state of optimizer.name = {saved} ({_moments(saved)} moments), "
+            f"which {ours} ({_moments(ours)} moments) cannot continue: set optimizer.name = {saved}, or "
+            'checkpoint.exclude_from_loading = ["optimizer"] to start the optimizer afresh'
+        )
+    logger.info(f"checkpoint: optimizer state saved by {saved} continues in {ours} (the same moment format)")
+
+
+def _moments(name: str) -> str:
+    return low_bit_suffix(name) or "float"
 
 
 # What the data-layout keys added after the first release were, for checkpoints that predate them.

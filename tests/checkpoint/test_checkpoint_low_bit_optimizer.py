@@ -18,7 +18,8 @@ from reshard_worlds import layout_state
 from torch.distributed.tensor import DTensor
 
 from dtrain.checkpoint import check_checkpoint_config
-from dtrain.errors import ConfigError
+from dtrain.checkpoint.restore import check_optimizer
+from dtrain.errors import ConfigError, DtrainError
 from dtrain.step import train_step
 
 STATE_CLASSES = {"AdamW8bit": "OptimState8bit", "AdamW4bit": "OptimState4bit", "AdamWFp8": "OptimStateFp8"}
@@ -136,3 +137,42 @@ def test_async_saves_are_refused_for_quantized_states(run_dir):
     cfg.optimizer.name = "AdamW4bit"
     with pytest.raises(ConfigError, match="async_mode = async cannot stage .* optimizer.name = AdamW4bit"):
         check_checkpoint_config(cfg, 1)
+
+
+def test_state_of_another_moment_format_is_refused_in_one_line_and_can_be_left_behind(run_dir, caplog):
+    """AdamW's float moments would load whole into AdamW8bit (silently undoing its saving); the reverse fails in
+    DCP's metadata. The record names the optimizer, so the resume refuses first and says what to do."""
+    cfg = make_cfg(run_dir)
+    state = tiny_state(cfg)
+    manager = manager_for(cfg, state)
+    train(state, manager, 2, cfg)
+    manager.close()
+    cfg.optimizer.name = "AdamW8bit"
+    with pytest.raises(DtrainError) as refused:
+        manager_for(cfg, tiny_state(cfg)).restore_at_startup()
+    assert str(refused.value) == (
+        f"checkpoint {run_dir / 'checkpoint' / 'step-2'} holds the optimizer state of optimizer.name = AdamW (float "
+        "moments), which AdamW8bit (8bit moments) cannot continue: set optimizer.name = AdamW, or "
+        'checkpoint.exclude_from_loading = ["optimizer"] to start the optimizer afresh'
+    )
+    cfg.checkpoint.exclude_from_loading = ["optimizer"]
+    fresh = tiny_state(cfg)
+    assert manager_for(cfg, fresh).restore_at_startup().step == 2 and not fresh.optimizer.state
+
+    cfg.optimizer.name, cfg.checkpoint.exclude_from_loading = "Adam", []  # float moments too: continued
+    with caplog.at_level("INFO", logger="dtrain"):
+        assert manager_for(cfg, tiny_state(cfg)).restore_at_startup().step == 2
+    assert "optimizer state saved by AdamW continues in Adam (the same moment format)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "saved, ours, refused",
+    [("AdamW8bit", "AdamW", True), ("AdamW8bit", "AdamW4bit", True), ("AdamWFp8", "Adam8bit", True),
+     ("AdamW8bit", "Adam8bit", False), ("", "AdamW4bit", False)],
+)
+def test_only_the_moment_format_decides(saved, ours, refused, tmp_path):
+    if refused:
+        with pytest.raises(DtrainError, match=f"optimizer.name = {saved} .* which {ours} "):
+            check_optimizer(tmp_path, saved, ours)
+    else:
+        check_optimizer(tmp_path, saved, ours)
