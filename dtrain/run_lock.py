@@ -2,9 +2,11 @@
 
 Two launches of the same command would otherwise train into one folder at once and overwrite each other's
 checkpoints. The lock is created atomically (O_EXCL), so of two racing launches exactly one wins. A lock left by a
-process that died on this host (kill -9, a crash) is taken over with a log line; one held by a live process, or by
-a process on another host (whose liveness cannot be checked from here), is refused in one line that says how to
-clear it.
+process that died on this host (kill -9, a crash) is taken over with a log line, and so is one left by an earlier
+incarnation of this SLURM job, whose rank 0 may now be on another host: a requeued job (SLURM starts it only once
+the previous allocation has ended) or workers torchrun restarted (it stops every worker of an attempt before the
+next one starts). One held by a live process, or by a process on another
+host (whose liveness cannot be checked from here), is refused in one line that says how to clear it.
 """
 
 from __future__ import annotations
@@ -37,9 +39,33 @@ class LockHolder:
     pid: int
     host: str
     started: str
+    slurm_job: str = ""  # SLURM_JOB_ID, "" outside SLURM (and in locks written before it was recorded)
+    slurm_restart: int = 0  # SLURM_RESTART_COUNT: how often SLURM had requeued that job
+    elastic_restart: int = 0  # TORCHELASTIC_RESTART_COUNT: how often torchrun had restarted the workers
 
     def describe(self) -> str:
-        return f"pid {self.pid} on {self.host}, started {self.started}"
+        job = (
+            f", SLURM job {self.slurm_job} (requeue {self.slurm_restart}, worker restart {self.elastic_restart})"
+            if self.slurm_job else ""
+        )
+        return f"pid {self.pid} on {self.host}, started {self.started}{job}"
+
+    def earlier_incarnation_of(self, other: LockHolder) -> bool:
+        """Whether this holder is `other`'s own SLURM job before a requeue or a worker restart: that run has ended.
+        (SLURM job ids are unique; outside SLURM nothing identifies a job across hosts.)"""
+        return (
+            bool(self.slurm_job)
+            and self.slurm_job == other.slurm_job
+            and (self.slurm_restart, self.elastic_restart) < (other.slurm_restart, other.elastic_restart)
+        )
+
+
+def _this_process() -> LockHolder:
+    return LockHolder(
+        os.getpid(), socket.gethostname(), datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        slurm_job=os.environ.get("SLURM_JOB_ID", ""), slurm_restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+        elastic_restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0),
+    )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -65,10 +91,7 @@ class RunLock:
 
     def __init__(self, folder: Path) -> None:
         self.path = Path(folder) / LOCK_FILE
-        self.holder = LockHolder(
-            os.getpid(), socket.gethostname(),
-            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        )
+        self.holder = _this_process()
         self._held = False
 
     def acquire(self) -> None:
@@ -87,7 +110,11 @@ class RunLock:
 
     def _clear_stale_or_refuse(self) -> None:
         other = _read_holder(self.path)
-        if other is None or (other.host == self.holder.host and not _pid_alive(other.pid)):
+        if (
+            other is None
+            or (other.host == self.holder.host and not _pid_alive(other.pid))
+            or other.earlier_incarnation_of(self.holder)
+        ):
             what = other.describe() if other else "an unreadable lock"
             logger.warning("run folder %s: taking over the lock of a run that is gone (%s)", self.path.parent, what)
             self.path.unlink(missing_ok=True)

@@ -58,6 +58,37 @@ def test_a_dead_runs_lock_is_taken_over_with_a_log_line(tmp_path, caplog, conten
     assert "taking over the lock of a run that is gone" in caplog.text
 
 
+@pytest.mark.parametrize(
+    "held_by, ours, taken_over",
+    [
+        ((7, 0, 0), (7, 1, 0), True),  # requeued after a node failure: the first incarnation's allocation has ended
+        ((7, 1, 2), (7, 1, 3), True),  # torchrun restarted the workers, rank 0 now on another node
+        ((7, 1, 0), (7, 0, 5), False),  # a lower requeue count is not an earlier incarnation, whatever the restarts
+        ((7, 1, 0), (7, 1, 0), False),  # the same incarnation on two hosts: not ours to judge
+        ((7, 0, 0), (8, 1, 0), False),  # another job
+        (("", 0, 0), (7, 1, 0), False),  # a lock written outside SLURM
+    ],
+)
+def test_a_lock_left_by_an_earlier_incarnation_of_this_slurm_job_is_taken_over(
+    tmp_path, monkeypatch, caplog, held_by, ours, taken_over
+):
+    job, requeues, restarts = held_by
+    (tmp_path / LOCK_FILE).write_text(json.dumps({
+        "pid": 1, "host": "some-other-node", "started": "2026-01-01T00:00:00+00:00", "slurm_job": str(job),
+        "slurm_restart": requeues, "elastic_restart": restarts,
+    }))
+    for name, value in zip(("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"), ours):
+        monkeypatch.setenv(name, str(value))
+    if taken_over:
+        with caplog.at_level(logging.WARNING), RunLock(tmp_path) as lock:
+            assert lock.holder.slurm_job == "7"
+            assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == lock.holder.pid
+        assert f"SLURM job 7 (requeue {requeues}, worker restart {restarts})" in caplog.text
+    else:
+        with pytest.raises(RunFolderInUse, match="in use by pid 1 on some-other-node"):
+            RunLock(tmp_path).acquire()
+
+
 def test_release_never_removes_another_runs_lock(tmp_path):
     lock = RunLock(tmp_path)
     lock.acquire()
