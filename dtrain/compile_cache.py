@@ -83,7 +83,7 @@ class PortableCompileCache:
     folder: Path  # <root>/<key>
     rank: int
     settings: dict
-    saved_artifacts: int = 0  # how many artifacts the last save (or the load) held
+    on_disk: frozenset = frozenset()  # (kind, key) of each artifact the file holds, as loaded or last saved
     loaded: dict | None = None  # what `load` put into the caches, for the compile report
 
     @classmethod
@@ -116,7 +116,7 @@ class PortableCompileCache:
             return
         info = torch.compiler.load_cache_artifacts(data)
         counts = _counts(info)
-        self.saved_artifacts = sum(counts.values())
+        self.on_disk = _keys(info)
         self.loaded = {"from": str(self.data_file), "artifacts": counts}
         logger.info("compile cache: loaded %s from %s", _describe(counts), self.data_file)
 
@@ -130,23 +130,28 @@ class PortableCompileCache:
         return None
 
     def save(self, step: int) -> None:
-        """Write what this process's compiles recorded, when it holds more than what is on disk (atomically: a
-        crash mid-write leaves the previous file)."""
+        """Write what this process's compiles recorded (the artifacts it hit or made), unless the file on disk holds
+        all of it already; atomically: a crash mid-write leaves the previous file. After a change of the model
+        code the graphs differ under the same key: the file then follows the new graphs."""
         saved = torch.compiler.save_cache_artifacts()
         if saved is None:
             return
         data, info = saved
-        counts = _counts(info)
-        if sum(counts.values()) <= self.saved_artifacts:
+        if _keys(info) <= self.on_disk:
             return
+        counts = _counts(info)
         self.folder.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
             _write_atomically(self.folder / "key.json", (json.dumps(self.settings, indent=1) + "\n").encode())
         record = {"bytes": len(data), "xxh3_64": xxhash.xxh3_64_hexdigest(data), "artifacts": counts, "step": step}
         _write_atomically(self.data_file, data)
         _write_atomically(self.record_file, (json.dumps(record, indent=1) + "\n").encode())
-        self.saved_artifacts = sum(counts.values())
+        self.on_disk = _keys(info)
         logger.info("compile cache: saved %s (%.1f MB) to %s", _describe(counts), len(data) / 1e6, self.data_file)
+
+
+def _keys(info) -> frozenset:
+    return frozenset((kind, key) for kind, keys in info.artifacts.items() for key in keys)
 
 
 def _counts(info) -> dict[str, int]:

@@ -45,10 +45,10 @@ def test_the_cache_lives_in_the_run_folder_unless_compile_cache_dir_says_otherwi
     assert cache_root(cfg) == tmp_path / "run" / "mine"
 
 
-def _artifacts(n: int):
+def _artifacts(n: int, first: int = 0):
     info = CacheInfo()
-    info.artifacts["inductor"].extend(f"k{i}" for i in range(n))
-    return (b"artifacts" * (n + 1), info)
+    info.artifacts["inductor"].extend(f"k{i}" for i in range(first, first + n))
+    return (b"artifacts" * (n + first + 1), info)
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def cache(tmp_path, monkeypatch):
     return PortableCompileCache.for_run(cfg, rank=1, world_size=2)
 
 
-def test_save_writes_the_artifacts_with_their_record_and_only_when_there_is_more(cache, monkeypatch):
+def test_save_writes_the_artifacts_with_their_record_and_only_when_there_is_something_new(cache, monkeypatch):
     saved = [_artifacts(2)]
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: saved[0])
     cache.save(step=1)
@@ -73,6 +73,9 @@ def test_save_writes_the_artifacts_with_their_record_and_only_when_there_is_more
     saved[0] = _artifacts(3)
     cache.save(step=5)
     assert json.loads(cache.record_file.read_text())["artifacts"] == {"inductor": 3}
+    saved[0] = _artifacts(3, first=1)  # as many, one of them new (say the model code changed): the file follows
+    cache.save(step=6)
+    assert json.loads(cache.record_file.read_text())["step"] == 6 and cache.data_file.read_bytes() == saved[0][0]
     assert sorted(p.name for p in cache.folder.iterdir()) == ["rank1.bin", "rank1.json"]  # no temporary left
 
 
@@ -126,7 +129,9 @@ def test_a_resumed_run_on_an_empty_inductor_cache_compiles_from_the_saved_artifa
 
     second = run_train(*args, "--training.steps", "3", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor_2"))
     assert second.returncode == 0, second.stderr[-2000:]
-    assert f"compile cache: loaded {sum(saved['artifacts'].values())} artifact(s)" in second.stdout + second.stderr
+    log = second.stdout + second.stderr
+    assert f"compile cache: loaded {sum(saved['artifacts'].values())} artifact(s)" in log
+    assert "compile cache: saved" not in log  # every artifact it hit is one the file holds: nothing to rewrite
     report = json.loads((run_dir / "compile_report.json").read_text())
     assert report["portable_cache"] == {"from": str(key_folder / "rank0.bin"), "artifacts": saved["artifacts"]}
     fx, aot = report["cache"]["fx_graph"], report["cache"]["aot_autograd"]
