@@ -28,6 +28,7 @@ from dtrain.checkpoint.checksums import (
     hash_file,
 )
 from dtrain.checkpoint.safe_reading import read_metadata_file
+from dtrain.durable import fsync_path
 
 
 COMMIT_FILE = "dtrain_commit.json"
@@ -194,24 +195,13 @@ def whole_files(path: Path) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
     return {p.name: p.stat().st_size for p in files}, {p.name: {"0": hash_file(p)} for p in files}
 
 
-def _fsync(path: Path) -> None:
-    """Flush a file's or a folder's entry to disk so a crash cannot undo what the rename promised."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems (and Windows) cannot fsync a folder; the rename is still atomic
-    finally:
-        os.close(fd)
-
-
 def write_record(path: Path, record: CommitRecord) -> None:
     """Write the commit record into `path` via a temporary file, so a torn record is never seen."""
     temporary = path / f"{COMMIT_FILE}.tmp"
     temporary.write_text(record.to_json())
-    _fsync(temporary)
+    fsync_path(temporary)
     os.replace(temporary, path / COMMIT_FILE)
-    _fsync(path)
+    fsync_path(path)
 
 
 def commit(partial: Path, final: Path, record: CommitRecord) -> CommitRecord:
@@ -228,7 +218,7 @@ def commit(partial: Path, final: Path, record: CommitRecord) -> CommitRecord:
         shutil.rmtree(replaced, ignore_errors=True)
         os.replace(final, replaced)
     os.replace(partial, final)
-    _fsync(final.parent)
+    fsync_path(final.parent)
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
     return record

@@ -41,6 +41,7 @@ from dtrain.data.token_shards import (
 )
 from dtrain.data.tokenizer import Tokenizer
 from dtrain.data.workers import TokenizerPool
+from dtrain.durable import fsync_path
 from dtrain.errors import DataError, first_line
 
 # A shard of this many tokens is 256 MiB in uint16: few files for a large corpus, little to redo after a crash.
@@ -199,20 +200,6 @@ class Progress:
                   file=self.stream, flush=True)
 
 
-def _fsync_folder(folder: str) -> None:
-    """Make the renames in `folder` durable (POSIX; a no-op where folders cannot be opened)."""
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
-
-
 def _write_manifest(folder: str, manifest: dict[str, Any]) -> None:
     path = os.path.join(folder, MANIFEST_NAME)
     with open(path + TEMPORARY_SUFFIX, "w") as f:
@@ -220,7 +207,7 @@ def _write_manifest(folder: str, manifest: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + TEMPORARY_SUFFIX, path)
-    _fsync_folder(folder)
+    fsync_path(folder)
 
 
 def _existing_manifest(
