@@ -17,7 +17,7 @@ from dtrain.errors import ConfigError
 from dtrain.hf_start import HFStart, hf_start
 from dtrain.layout import check_layout
 from dtrain.metrics.sinks import check_wandb_installed
-from dtrain.model_args import apply_overrides, shape_table, typed_overrides
+from dtrain.model_args import apply_overrides, base_args, shape_table, typed_overrides
 from dtrain.models import ModelFamily
 from dtrain.parallelize import FamilySpec, get_family
 from dtrain.run_folder_checks import check_run_folder
@@ -31,10 +31,11 @@ class Prepared:
 
 
 def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int, start: HFStart | None = None):
-    """The model's hyperparameters: the flavor's with the `[model.args]` overrides, the vocabulary sized for the
-    tokenizer (unless model.args.vocab_size gives a larger one) and room for seq_len (training's and validation's);
-    or, when the run starts from a Hugging Face checkpoint with a config.json (`start`), that config's, which
-    nothing may contradict."""
+    """The model's hyperparameters: the flavor's with the `[model.args]` overrides (the vocabulary too, as in
+    torchtitan, or sized for the tokenizer with model.vocab_size_from_tokenizer) and room for seq_len (training's
+    and validation's); or, when the run starts from a Hugging Face checkpoint with a config.json (`start`), that
+    config's, which nothing may contradict. A vocabulary smaller than the tokenizer's is refused: ids past the
+    embedding would fail inside the first forward."""
     overrides = typed_overrides(family, cfg.model.args)
     if start is not None:
         base, vocab_size = _agreeing_with(start, overrides, cfg.model.tie_word_embeddings), start.args.vocab_size
@@ -44,19 +45,17 @@ def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int, start:
                 "(model.hf_assets_path should hold this checkpoint's tokenizer)"
             )
     else:
-        if cfg.model.flavor not in family.flavors:
-            valid = ", ".join(family.flavors)
-            raise ConfigError(f"model.flavor '{cfg.model.flavor}' is not a {family.name} flavor (valid: {valid})")
-        base = apply_overrides(family, family.flavors[cfg.model.flavor], overrides)
-        multiple = cfg.model.vocab_size_multiple_of
-        vocab_size = -(-tokenizer_vocab // multiple) * multiple
-        if "vocab_size" in overrides:
-            if overrides["vocab_size"] < tokenizer_vocab:
-                raise ConfigError(
-                    f"model.args.vocab_size={overrides['vocab_size']} is smaller than the tokenizer's "
-                    f"{tokenizer_vocab} tokens (valid: at least that, or unset to size it from the tokenizer)"
-                )
-            vocab_size = overrides["vocab_size"]
+        base = base_args(family, cfg.model.flavor, overrides)
+        vocab_size = base.vocab_size
+        if cfg.model.vocab_size_from_tokenizer and "vocab_size" not in overrides:
+            multiple = cfg.model.vocab_size_multiple_of
+            vocab_size = -(-tokenizer_vocab // multiple) * multiple
+        if vocab_size < tokenizer_vocab:
+            where = "model.args.vocab_size" if "vocab_size" in overrides else f"model.flavor '{cfg.model.flavor}'"
+            raise ConfigError(
+                f"{where} has vocab_size {vocab_size}, fewer than the tokenizer's {tokenizer_vocab} tokens (valid: "
+                f"model.args.vocab_size >= {tokenizer_vocab}, or model.vocab_size_from_tokenizer = true)"
+            )
     tie = base.tie_word_embeddings if cfg.model.tie_word_embeddings is None else cfg.model.tie_word_embeddings
     seq_len = max(cfg.training.seq_len, cfg.validation.seq_len if cfg.validation.enable else 0)
     return apply_overrides(
@@ -65,10 +64,11 @@ def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int, start:
 
 
 def _agreeing_with(start: HFStart, overrides: dict[str, Any], tie: bool | None) -> Any:
-    """The config.json's shape, after checking that no explicit setting says otherwise (max_seq_len is the run's
-    to choose: it changes no weight)."""
+    """The config.json's shape, after checking that no explicit setting says otherwise, with the settings that are
+    the run's to choose (the adapter's RUN_FIELDS: max_seq_len, a MoE's balancing) as given."""
+    run_fields = start.family.model.hf_adapter.RUN_FIELDS
     for name, value in overrides.items():
-        if name != "max_seq_len" and getattr(start.args, name) != value:
+        if name not in run_fields and getattr(start.args, name) != value:
             raise ConfigError(
                 f"model.args.{name}={value} contradicts {start.source}, which has {getattr(start.args, name)}"
             )
@@ -77,7 +77,7 @@ def _agreeing_with(start: HFStart, overrides: dict[str, Any], tie: bool | None) 
             f"model.tie_word_embeddings={str(tie).lower()} contradicts {start.source}, which has "
             f"tie_word_embeddings {str(start.args.tie_word_embeddings).lower()}"
         )
-    return start.args
+    return apply_overrides(start.family.model, start.args, {k: v for k, v in overrides.items() if k in run_fields})
 
 
 def prepare(cfg: JobConfig) -> Prepared:
@@ -89,8 +89,11 @@ def prepare(cfg: JobConfig) -> Prepared:
     cfg.model.name = family.name
     tokenizer = build_tokenizer(cfg.model)
     args = model_args(cfg, family.model, tokenizer.vocab_size, start)
-    # The run's config.toml records the shape it trains, so that it rebuilds the same model by itself.
+    # The run's config.toml records the whole shape it trains, so that it rebuilds the same model by itself; a
+    # shape read from a Hugging Face config.json came from no flavor, and the record names none.
     cfg.model.args = shape_table(args)
+    if start is not None:
+        cfg.model.flavor = ""
     check_layout(cfg, world_size_from_env(), family, args)
     check_checkpoint_config(cfg, world_size_from_env())
     check_wandb_installed(cfg.metrics.enable_wandb)

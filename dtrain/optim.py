@@ -1,5 +1,6 @@
-"""Optimizer construction: AdamW/Adam with weight decay only on matrices, and the fastest kernel the device has;
-or torchao's low-bit AdamW/Adam, which keep the two moments quantized."""
+"""Optimizer construction: torch's AdamW/Adam as torchtitan v0.2.2 builds them (one parameter group, every parameter
+decayed; optionally no decay on vectors), with the fastest kernel the device has; or torchao's low-bit AdamW/Adam,
+which keep the two moments quantized."""
 
 from __future__ import annotations
 
@@ -33,14 +34,16 @@ def moment_bytes(name: str, param: torch.Tensor) -> int:
     return int(2 * (local.numel() * fmt.code_bytes + blocks * 4 + fmt.qmap_bytes))
 
 
-def param_groups(model_parts: list[nn.Module], weight_decay: float) -> list[dict]:
-    """Two groups: matrices and embeddings decay; norms, biases and other vectors do not (standard LLM practice)."""
-    decay, no_decay = [], []
-    for part in model_parts:
-        for param in part.parameters():
-            if param.requires_grad:
-                (decay if param.ndim >= 2 else no_decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+def param_groups(model_parts: list[nn.Module], weight_decay: float, no_decay_on_vectors: bool) -> list[dict]:
+    """One group that decays every trainable parameter (torchtitan's), or with `no_decay_on_vectors` two: matrices
+    and embeddings decay, norms, biases and other vectors do not (Megatron's and nanoGPT's practice)."""
+    params = [param for part in model_parts for param in part.parameters() if param.requires_grad]
+    if not no_decay_on_vectors:
+        return [{"params": params, "weight_decay": weight_decay}]
+    return [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
 
 
 def kernel_flags(implementation: str, device: torch.device) -> dict:
@@ -51,17 +54,14 @@ def kernel_flags(implementation: str, device: torch.device) -> dict:
     """
     if implementation == "auto":
         implementation = "fused" if device.type == "cuda" else "foreach"
-    return {
-        "fused": {"fused": True},
-        "foreach": {"foreach": True},
-        "for-loop": {"foreach": False, "fused": False},
-    }[implementation]
+    # Both flags spelled out, as torchtitan passes them, so the optimizers' defaults are the same dicts.
+    return {"fused": implementation == "fused", "foreach": implementation == "foreach"}
 
 
 def build_optimizer(model_parts: list[nn.Module], cfg: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
     """The configured optimizer over every trainable parameter of `model_parts`."""
-    groups = param_groups(model_parts, cfg.weight_decay)
-    hyperparameters = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+    groups = param_groups(model_parts, cfg.weight_decay, cfg.no_decay_on_vectors)
+    hyperparameters = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps, "weight_decay": cfg.weight_decay}
     fmt = low_bit_format(cfg.name)
     if fmt is None:
         cls = torch.optim.AdamW if cfg.name == "AdamW" else torch.optim.Adam

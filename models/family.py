@@ -20,6 +20,10 @@ class WeightSpelling(Protocol):
     """
 
     writer: str  # who writes checkpoints spelled so, for the log
+    project: str  # that writer as checkpoint.initial_load_writer names it, e.g. "torchtitan"
+    # Whether some tensor is stored in another order (to_ours is not None for it): with our names, such a
+    # spelling cannot be told from ours by the names alone.
+    reorders: bool
 
     def stored_name(self, fqn: str) -> str:
         """The checkpoint's key for our parameter `fqn`."""
@@ -42,9 +46,9 @@ class ModelFamily:
     ``flops_per_token(args, seq_len)`` is the training FLOPs per token, for MFU; ``hf_adapter(args)`` converts its
     weights and config.json to and from Hugging Face's (``hf_names``, ``from_hf``, ``to_hf_tensors``, which let one
     of our tensors stack several of HF's; ``hf_config``, ``check_hf_config``; on the class ``args_from_hf_config``,
-    ``HF_ARCHITECTURE``, ``HF_MODEL_TYPE``, ``HF_OTHER_KINDS``; ``models/llama3/hf_adapter.py`` is the base to build
-    on); ``checkpoint_spellings(args)`` are the other names a DCP checkpoint may give its weights, tried in order
-    when an initial load does not find ours.
+    ``HF_ARCHITECTURE``, ``HF_MODEL_TYPE``, ``HF_OTHER_KINDS``, ``RUN_FIELDS``; ``models/llama3/hf_adapter.py`` is
+    the base to build on); ``checkpoint_spellings(args)`` are the other names a DCP checkpoint may give its weights,
+    tried in order when an initial load does not find ours.
     """
 
     name: str

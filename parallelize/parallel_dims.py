@@ -152,7 +152,7 @@ class ParallelDims:
         valid = _divisors(math.gcd(*sizes.values()))
         for name, size in sizes.items():
             if size % self.tp:
-                hint = "; or raise model.vocab_size_multiple_of" if "vocab" in name else ""
+                hint = "; or set model.args.vocab_size, or model.vocab_size_multiple_of" if "vocab" in name else ""
                 raise ParallelismError(
                     f"{CONFIG_KEYS['tp']}={self.tp} does not divide {name}={size} (valid: {_valid_list(valid)}{hint})"
                 )

@@ -41,6 +41,11 @@ def check_checkpoint_config(cfg: JobConfig, world_size: int) -> None:
         raise ConfigError(
             "checkpoint.initial_load_in_hf loads weights only; set checkpoint.initial_load_model_only = true"
         )
+    if c.initial_load_in_hf and c.initial_load_writer != "auto":
+        raise ConfigError(
+            f"checkpoint.initial_load_writer = {c.initial_load_writer} is for DCP checkpoints; with "
+            "checkpoint.initial_load_in_hf set it to auto"
+        )
     if c.initial_load_path and not Path(c.initial_load_path).exists():
         raise ConfigError(f"checkpoint.initial_load_path {c.initial_load_path} does not exist")
     if c.last_save_in_hf and not c.last_save_model_only:

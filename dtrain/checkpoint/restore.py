@@ -30,7 +30,7 @@ from dtrain.checkpoint.folders import (
     scan_checkpoints,
 )
 from dtrain.checkpoint.safe_reading import UnsafeCheckpoint
-from dtrain.checkpoint.spellings import family_spellings, find_spelling, whole_tensor_batches
+from dtrain.checkpoint.spellings import family_spellings, find_spelling, model_fqns, whole_tensor_batches
 from dtrain.errors import DtrainError
 from dtrain.low_bit_optim import low_bit_suffix
 from dtrain.models.family import WeightSpelling
@@ -211,6 +211,13 @@ def _initial_load_plan(ctx: RunContext, notes: list[str]) -> _Plan:
         raise DtrainError(f"{key} {path} is damaged: {err}") from None
     except Exception as err:
         raise DtrainError(f"{key} {path} cannot be read ({type(err).__name__}: {err})") from None
+    if record is None:
+        notes.append(f"checkpoint: {path} has no {COMMIT_FILE}: a checkpoint from elsewhere, read without checksums")
+    elif c.initial_load_writer == "torchtitan":
+        raise DtrainError(
+            f"{key} {path} has dtrain's {COMMIT_FILE}, so torchtitan did not write it; set "
+            "checkpoint.initial_load_writer to auto or dtrain"
+        )
     if not c.initial_load_model_only:
         if record is None:
             raise DtrainError(
@@ -243,9 +250,10 @@ def _apply(ctx: RunContext, plan: _Plan) -> None:
 
         load_hf_weights(ctx.state.model_parts, plan.path, build_adapter(ctx.cfg.model.name, ctx.model_args))
     elif plan.model_only:
-        # Only a checkpoint from elsewhere may spell the weights otherwise; a run's own are always ours.
-        spellings = family_spellings(ctx.cfg.model.name, ctx.model_args) if plan.rule == "initial_load" else ()
-        load_weights(ctx, plan.path, spellings)
+        # Only a checkpoint from elsewhere (no commit record) may spell the weights otherwise; dtrain's are ours.
+        foreign = plan.rule == "initial_load" and record is None
+        spellings = family_spellings(ctx.cfg.model.name, ctx.model_args) if foreign else ()
+        load_weights(ctx, plan.path, spellings, ctx.cfg.checkpoint.initial_load_writer if foreign else "dtrain")
     else:
         load_full_state(ctx, plan.path, plan.record)
         return
@@ -272,13 +280,17 @@ def _degrees(parallelism: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in shown.items()) or "no parallelism"
 
 
-def load_weights(ctx: RunContext, path: Path, spellings: tuple[WeightSpelling, ...] = ()) -> None:
+def load_weights(
+    ctx: RunContext, path: Path, spellings: tuple[WeightSpelling, ...] = (), writer: str = "dtrain"
+) -> None:
     """Load the model weights (resharded to this layout) from a full or model-only DCP checkpoint, named as ours
-    or, failing that, as the first of `spellings` that fits."""
+    or as one of `spellings`, as `writer` (checkpoint.initial_load_writer) and the names decide (spellings.py)."""
     weights = dcp_io.model_state_dict(ctx.state.model_parts)
     shapes = dcp_io.read_tensor_shapes(path)
     prefix = dcp_io.weights_prefix(shapes)
-    spelling = find_spelling(shapes, prefix, weights, spellings)
+    spelling = None
+    if spellings:
+        spelling = find_spelling(shapes, prefix, model_fqns(weights, ctx.group), spellings, writer, path)
     name = spelling.stored_name if spelling else (lambda fqn: fqn)
     dcp_io.check_weights_fit(path, shapes, prefix, weights, name)
     if spelling:

@@ -1,18 +1,25 @@
 """Initial loads of DCP checkpoints that spell a family's weights otherwise, e.g. as a newer torchtitan does.
 
-The family lists what it accepts (``ModelFamily.checkpoint_spellings``); the first spelling whose names the
-checkpoint holds is used. A weight stored as ours loads straight into this rank's shards, as under our own names.
+Only a checkpoint without dtrain's commit record (one from elsewhere) may spell them otherwise. The family lists
+what it accepts (``ModelFamily.checkpoint_spellings``), and checkpoint.initial_load_writer narrows it to one
+project's; of the rest, the first spelling whose names the checkpoint holds is used. Names that are ours mean our
+layout, unless a spelling under the same names stores some tensor in another order (torchtitan v0.2's Qwen3): then
+the names cannot tell, and the load is refused until initial_load_writer says who wrote the checkpoint.
+A weight stored as ours loads straight into this rank's shards, as under our own names.
 One that must be reordered is read whole, converted, and cut into this rank's shards; whole tensors are read a few
 at a time, so a rank holds at most about WHOLE_TENSOR_BUDGET bytes of them beyond its shards.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from dtrain.checkpoint.folders import COMMIT_FILE
+from dtrain.errors import DtrainError
 from dtrain.models.family import WeightSpelling
 from dtrain.parallelize import get_family
 
@@ -24,17 +31,42 @@ def family_spellings(family: str, model_args: Any) -> tuple[WeightSpelling, ...]
     return get_family(family).model.checkpoint_spellings(model_args)
 
 
+def model_fqns(weights: dict[str, torch.Tensor], group: dist.ProcessGroup | None) -> list[str]:
+    """The FQNs of the whole model, gathered from every rank: pipeline stages hold different weights, and every
+    rank must choose the same spelling (a stage of embeddings alone could not tell the Qwen3 layouts apart)."""
+    if group is None:
+        return sorted(weights)
+    gathered: list[list[str] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, sorted(weights), group=group)
+    return sorted({fqn for names in gathered for fqn in names})
+
+
 def find_spelling(
     shapes: dict[str, tuple[int, ...]],
     prefix: str,
-    weights: dict[str, torch.Tensor],
+    fqns: list[str],
     spellings: tuple[WeightSpelling, ...],
+    writer: str = "auto",
+    path: Path | None = None,
 ) -> WeightSpelling | None:
-    """The first of `spellings` under which the checkpoint holds every weight; None when it holds ours, or when no
-    spelling fits (the caller then reports the weights missing under ours)."""
-    if all(prefix + fqn in shapes for fqn in weights):
+    """The spelling under which the checkpoint at `path` holds every weight of `fqns` (the whole model's); None
+    for ours, and where nothing fits (the caller then reports the weights missing under ours). `writer` is
+    checkpoint.initial_load_writer."""
+    if writer == "dtrain":
         return None
-    return next((s for s in spellings if all(prefix + s.stored_name(fqn) in shapes for fqn in weights)), None)
+    fitting = [
+        s for s in spellings
+        if writer in ("auto", s.project) and all(prefix + s.stored_name(fqn) in shapes for fqn in fqns)
+    ]
+    if writer != "auto" or not all(prefix + fqn in shapes for fqn in fqns):
+        return next(iter(fitting), None)
+    rival = next((s for s in fitting if s.reorders), None)
+    if rival is not None:
+        raise DtrainError(
+            f"checkpoint {path} has no {COMMIT_FILE}, and its names fit both dtrain's layout and {rival.writer}: "
+            f"set checkpoint.initial_load_writer to dtrain or {rival.project}, whichever wrote it"
+        )
+    return None
 
 
 def whole_tensor_batches(

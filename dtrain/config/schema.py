@@ -49,15 +49,25 @@ class Job:
 @dataclass
 class Model:
     name: str = opt(DEFAULT_FAMILY, "Model family.", choices=tuple(FAMILIES))
-    flavor: str = opt("debugmodel", "Size preset of the family (each family's are listed in docs/models.md and in the error for an unknown one).")
+    flavor: str = opt(
+        "debugmodel",
+        "Size preset of the family (each family's are listed in docs/models.md and in the error for an unknown one); "
+        "empty = none, [model.args] gives every field (what a run started from a Hugging Face config.json records).",
+    )
     tokenizer: str = opt(
         "auto",
         "Tokenizer kind; auto = byte-level when hf_assets_path is empty, else tokenizer.json or tokenizer.model there.",
         choices=("auto", "byte", "hf", "tiktoken"),
     )
     hf_assets_path: str = opt("", "Folder (or file) holding tokenizer.json or tokenizer.model; empty = built-in bytes.")
+    vocab_size_from_tokenizer: bool = opt(
+        False,
+        "Size the vocabulary from the tokenizer, rounded up to vocab_size_multiple_of (Megatron's padded vocabulary), "
+        "instead of the flavor's vocab_size (torchtitan's rule).",
+    )
     vocab_size_multiple_of: int = opt(
-        64, "The model's vocabulary is the tokenizer's rounded up to this multiple (keeps TP splits even).", minimum=1
+        64, "With vocab_size_from_tokenizer: round the tokenizer's vocabulary up to this multiple (keeps TP splits even).",
+        minimum=1,
     )
     tie_word_embeddings: bool | None = opt(
         None, "Share one weight between the token embedding and the output head; unset = the flavor's choice."
@@ -87,7 +97,12 @@ class Optimizer:
     beta1: float = opt(0.9, "Adam beta1.", minimum=0.0)
     beta2: float = opt(0.95, "Adam beta2.", minimum=0.0)
     eps: float = opt(1e-8, "Adam epsilon.", minimum=0.0)
-    weight_decay: float = opt(0.1, "Decoupled weight decay (not applied to norms and biases).", minimum=0.0)
+    weight_decay: float = opt(
+        0.1, "Weight decay, on every parameter as in torchtitan (decoupled for AdamW, L2 for Adam).", minimum=0.0
+    )
+    no_decay_on_vectors: bool = opt(
+        False, "Exempt norms, biases and other 1-D weights from weight decay (Megatron's practice, not torchtitan's)."
+    )
     implementation: str = opt(
         "auto",
         "Optimizer kernel: fused or foreach where the device supports it (auto picks), or the plain for-loop; "
@@ -98,18 +113,25 @@ class Optimizer:
 
 @dataclass
 class LRScheduler:
-    warmup_steps: int = opt(200, "Linear warmup steps from near zero to optimizer.lr.", minimum=0)
+    warmup_steps: int = opt(
+        200,
+        "Linear warmup steps: step k (from 1) runs at k/warmup_steps of optimizer.lr; cut to the schedule's length.",
+        minimum=0,
+    )
     decay_ratio: float | None = opt(
         None,
         "Fraction of steps spent decaying at the end (WSD); unset = decay right after warmup.",
         minimum=0.0,
     )
     decay_type: str = opt("linear", "Shape of the decay.", choices=("linear", "sqrt", "cosine"))
-    min_lr_factor: float = opt(0.0, "Final learning rate as a fraction of optimizer.lr.", minimum=0.0)
+    min_lr_factor: float = opt(
+        0.0, "Learning rate the decay ends at, as a fraction of optimizer.lr (reached one step after the schedule).",
+        minimum=0.0,
+    )
     total_steps: int | None = opt(
         None,
         "Steps the schedule spans (warmup, stable, decay); unset = training.steps. Longer than training.steps stops "
-        "partway along the curve (a short debug run with the real schedule's shape).",
+        "partway along the curve (a short debug run with the real schedule's shape); shorter holds the final rate.",
         minimum=1,
     )
 
@@ -163,7 +185,10 @@ class Training:
         "only to earlier tokens of its own document (a new document starts at each BOS).",
         choices=("causal", "block_causal"),
     )
-    max_norm: float = opt(1.0, "Clip the global gradient norm to this value; 0 disables clipping.", minimum=0.0)
+    max_norm: float = opt(
+        1.0, "Clip the 2-norm of all gradients together to this value (torchtitan's clipping); 0 disables clipping.",
+        minimum=0.0,
+    )
     steps: int = opt(10000, "Optimizer steps to train.", minimum=1)
     mixed_precision_param: str = opt(
         "bfloat16",
@@ -283,6 +308,12 @@ class Checkpoint:
     initial_load_path: str = opt("", "Checkpoint to start from when the run directory has none.")
     initial_load_model_only: bool = opt(True, "Load only model weights from initial_load_path.")
     initial_load_in_hf: bool = opt(False, "initial_load_path holds Hugging Face safetensors.")
+    initial_load_writer: str = opt(
+        "auto",
+        "Who wrote a DCP initial_load_path that has no dtrain commit record, which decides how its weights are laid "
+        "out: auto (tell by the names; refuse where they cannot, e.g. torchtitan v0.2 Qwen3), dtrain or torchtitan.",
+        choices=("auto", "dtrain", "torchtitan"),
+    )
     last_save_model_only: bool = opt(True, "The final save holds model weights only.")
     last_save_in_hf: bool = opt(
         False,

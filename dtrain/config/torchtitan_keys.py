@@ -142,6 +142,29 @@ DEFAULT_DIFFERENCES = {
     "validation.dataset": ('"c4_validation"', "the held-out part of the built-in corpus"),
 }
 
+# "Same" keys whose meaning a reference test checks against torchtitan v0.2.2's own code: key -> the note the
+# migration guide shows (the test, and where the two still part, if anywhere).
+_OPTIM_TEST = "tests/reference/test_torchtitan_optim_schedule.py"
+PROVEN_SAME = {
+    **{
+        f"optimizer.{name}": f"{_OPTIM_TEST} (param groups, hyperparameters, weights after steps)"
+        for name in ("name", "lr", "beta1", "beta2", "eps", "weight_decay")
+    },
+    "optimizer.implementation": f"{_OPTIM_TEST} (fused, foreach, for-loop)",
+    **{
+        f"lr_scheduler.{name}": f"{_OPTIM_TEST} (lr of every step)"
+        for name in ("warmup_steps", "decay_ratio", "decay_type", "min_lr_factor")
+    },
+    "lr_scheduler.total_steps": (
+        f"{_OPTIM_TEST} (lr of every step); a run longer than total_steps holds the final rate, where torchtitan's "
+        "decay runs on past it (below min_lr_factor)"
+    ),
+    "training.max_norm": (
+        f"{_OPTIM_TEST} (norm and clipped gradients); `0` disables clipping here, where torchtitan would clip every "
+        "gradient to zero"
+    ),
+}
+
 TORCHTITAN_V0_2_2_KEYS = """
 job.config_file job.dump_folder job.description job.print_config job.save_config_file job.custom_config_module
 profiling.enable_profiling profiling.save_traces_folder profiling.profile_freq profiling.profiler_active

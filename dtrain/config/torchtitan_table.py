@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from dtrain.config.fields import config_fields
 from dtrain.config.reference import splice_between
-from dtrain.config.torchtitan_keys import ANY, DEFAULT_DIFFERENCES, TORCHTITAN_ONLY, TORCHTITAN_V0_2_2_KEYS
+from dtrain.config.torchtitan_keys import (
+    ANY,
+    DEFAULT_DIFFERENCES,
+    PROVEN_SAME,
+    TORCHTITAN_ONLY,
+    TORCHTITAN_V0_2_2_KEYS,
+)
 from dtrain.config.toml_io import toml_value
 
 BEGIN_MARKER = "<!-- BEGIN GENERATED TORCHTITAN KEY TABLE (scripts/gen_config_docs.py) -->"
@@ -22,13 +28,14 @@ def _cell(text: str) -> str:
 def key_status(key: str) -> tuple[str, str]:
     """(status, notes) of a torchtitan key: same, renamed, accepted (no effect) or accepted/refused by value."""
     if key in config_fields():
+        notes = [f"tested: {PROVEN_SAME[key]}"] if key in PROVEN_SAME else []
         if key in DEFAULT_DIFFERENCES:
             theirs, ours = DEFAULT_DIFFERENCES[key]
             default = config_fields()[key].default
             shown = "unset" if default is None else f"`{toml_value(default)}`"
             theirs = theirs if theirs.startswith("unset") else f"`{theirs}`"
-            return "same", f"default differs: torchtitan {theirs}, dtrain {shown} ({ours})"
-        return "same", ""
+            notes.append(f"default differs: torchtitan {theirs}, dtrain {shown} ({ours})")
+        return "same", "; ".join(notes)
     meaning = TORCHTITAN_ONLY[key]
     if meaning.alias is not None:
         return "renamed", f"sets `{meaning.alias}`"

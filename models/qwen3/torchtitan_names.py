@@ -1,11 +1,13 @@
-"""How torchtitan after v0.2.2 names and lays out the Qwen3 weights in DCP checkpoints.
+"""How torchtitan names and lays out the Qwen3 weights in DCP checkpoints, v0.2 and after.
 
-Names: Llama 3's renames (``models/llama3/torchtitan_names.py``); the QK-norms keep theirs
-(``attention.q_norm.weight``, ``attention.k_norm.weight``).
+Names: v0.2.2's are ours; after it, Llama 3's renames (``models/llama3/torchtitan_names.py``), while the QK-norms
+keep theirs (``attention.q_norm.weight``, ``attention.k_norm.weight``).
 
-Layout: torchtitan's Qwen3 (v0.2.2 and main) applies RoPE as Hugging Face does, rotating the two halves of each
-head where ours rotates interleaved pairs, so its q/k projection rows and QK-norm weights are in HF's order.
-They are reordered on the way in exactly as HF's are (``models/qwen3/hf_adapter.py``).
+Layout: torchtitan's Qwen3 (v0.2.2's ``models/qwen3/model/model.py``, ``rotate_half``; main likewise) applies RoPE
+as Hugging Face does, rotating the two halves of each head where ours rotates interleaved pairs, so its q/k
+projection rows and QK-norm weights are in HF's order. They are reordered on the way in exactly as HF's are
+(``models/qwen3/hf_adapter.py``). A v0.2 checkpoint thus holds our names in another layout: the names cannot tell
+it from ours, and checkpoint.initial_load_writer decides (``dtrain/checkpoint/spellings.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from ..llama3.torchtitan_names import TorchtitanNames
+from ..llama3.torchtitan_names import TorchtitanNames, TorchtitanV02Names
 from .args import Qwen3Args
 from .hf_adapter import Qwen3HFAdapter
 
@@ -23,8 +25,10 @@ from .hf_adapter import Qwen3HFAdapter
 _ROTARY_ORDERED = ("attention.wq.weight", "attention.wk.weight", "attention.q_norm.weight", "attention.k_norm.weight")
 
 
-class Qwen3TorchtitanNames(TorchtitanNames):
-    """Our Qwen3 FQNs as torchtitan >= 0.3 checkpoints spell them, with HF's RoPE order on the q/k side."""
+class _HFRopeOrder:
+    """torchtitan's Qwen3 layout: HF's RoPE order on the q/k side."""
+
+    reorders = True
 
     def __init__(self, args: Qwen3Args):
         self._hf = Qwen3HFAdapter(args)
@@ -35,6 +39,16 @@ class Qwen3TorchtitanNames(TorchtitanNames):
         return functools.partial(self._hf.from_hf, fqn)
 
 
-def torchtitan_spellings(args: Qwen3Args) -> tuple[Qwen3TorchtitanNames, ...]:
+class Qwen3TorchtitanNames(_HFRopeOrder, TorchtitanNames):
+    """Our Qwen3 FQNs as torchtitan >= 0.3 checkpoints spell them, with HF's RoPE order on the q/k side."""
+
+
+class Qwen3TorchtitanV02Names(_HFRopeOrder, TorchtitanV02Names):
+    """Our Qwen3 FQNs as torchtitan v0.2 checkpoints spell them (as we do), with HF's RoPE order on the q/k side."""
+
+    writer = "torchtitan v0.2 (our names, HF's RoPE order in wq, wk and the QK-norms)"
+
+
+def torchtitan_spellings(args: Qwen3Args) -> tuple[Qwen3TorchtitanNames | Qwen3TorchtitanV02Names, ...]:
     """The spellings besides ours that an initial load accepts for Qwen3 (ModelFamily.checkpoint_spellings)."""
-    return (Qwen3TorchtitanNames(args),)
+    return (Qwen3TorchtitanNames(args), Qwen3TorchtitanV02Names(args))

@@ -1,6 +1,7 @@
-"""DCP checkpoints as torchtitan after v0.2.2 writes them (its main at b5bcd76, the coming 0.3), made from our
-weights. The names and layouts are written out here from torchtitan's model code, not through dtrain's mapping,
-so that the tests check the mapping against them.
+"""DCP checkpoints as torchtitan writes them, made from our weights: v0.2 (its names are ours) and after v0.2.2 (its
+main at b5bcd76, the coming 0.3). The names and layouts are written out here from torchtitan's model code, not
+through dtrain's mapping, so that the tests check the mapping against them. (tests/reference has checkpoints that
+torchtitan 0.2.2 itself wrote.)
 """
 
 from __future__ import annotations
@@ -34,7 +35,15 @@ def torchtitan_layout(family: str, args, fqn: str, tensor: torch.Tensor) -> torc
     return tensor
 
 
-def save_torchtitan_checkpoint(weights: dict[str, torch.Tensor], family: str, args, path: Path) -> None:
-    """Save whole weights (by our FQN) in one process as a torchtitan >= 0.3 model-only checkpoint."""
-    stored = {torchtitan_name(k): torchtitan_layout(family, args, k, v).clone() for k, v in weights.items()}
-    dcp.save(stored, checkpoint_id=str(path), no_dist=True)
+def save_torchtitan_checkpoint(weights: dict[str, torch.Tensor], family: str, args, path: Path,
+                               version: str = "0.3") -> None:
+    """Save whole weights (by our FQN) in one process as a torchtitan model-only checkpoint of `version` ("0.2" or
+    "0.3"): both in torchtitan's layout, "0.3" also under its names."""
+    save_torchtitan_names({k: torchtitan_layout(family, args, k, v) for k, v in weights.items()}, path, version)
+
+
+def save_torchtitan_names(weights: dict[str, torch.Tensor], path: Path, version: str = "0.3") -> None:
+    """Save whole weights already in torchtitan's layout, keyed by our (= v0.2's) FQNs, under the names of torchtitan
+    `version` ("0.2": as they are; "0.3": renamed)."""
+    rename = torchtitan_name if version == "0.3" else (lambda fqn: fqn)
+    dcp.save({rename(k): v.clone() for k, v in weights.items()}, checkpoint_id=str(path), no_dist=True)

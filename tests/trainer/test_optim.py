@@ -7,9 +7,16 @@ from dtrain.low_bit_optim import low_bit_format
 from dtrain.optim import build_optimizer, kernel_flags, moment_bytes
 
 
-def test_weight_decay_only_on_matrices():
+def test_weight_decay_on_every_parameter_as_torchtitan():
     model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
     opt = build_optimizer([model], Optimizer(weight_decay=0.1), torch.device("cpu"))
+    (group,) = opt.param_groups
+    assert group["weight_decay"] == 0.1 and len(group["params"]) == 4
+
+
+def test_no_decay_on_vectors_exempts_norms_and_biases():
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    opt = build_optimizer([model], Optimizer(weight_decay=0.1, no_decay_on_vectors=True), torch.device("cpu"))
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert {p.ndim for p in decay["params"]} == {2}
@@ -17,9 +24,9 @@ def test_weight_decay_only_on_matrices():
 
 
 def test_auto_kernel_is_fused_on_cuda_foreach_on_cpu():
-    assert kernel_flags("auto", torch.device("cuda")) == {"fused": True}
-    assert kernel_flags("auto", torch.device("cpu")) == {"foreach": True}
-    assert kernel_flags("for-loop", torch.device("cpu")) == {"foreach": False, "fused": False}
+    assert kernel_flags("auto", torch.device("cuda")) == {"fused": True, "foreach": False}
+    assert kernel_flags("auto", torch.device("cpu")) == {"fused": False, "foreach": True}
+    assert kernel_flags("for-loop", torch.device("cpu")) == {"fused": False, "foreach": False}
 
 
 def test_optimizer_kind_and_hyperparameters():
@@ -33,7 +40,7 @@ LOW_BIT = ["AdamW8bit", "AdamW4bit", "AdamWFp8", "Adam8bit", "Adam4bit", "AdamFp
 
 
 @pytest.mark.parametrize("name", LOW_BIT)
-def test_low_bit_names_build_torchao_optimizers_with_dtrain_groups(name):
+def test_low_bit_names_build_torchao_optimizers_with_torchtitans_groups(name):
     import torchao.optim
 
     model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
@@ -43,10 +50,9 @@ def test_low_bit_names_build_torchao_optimizers_with_dtrain_groups(name):
     # torchao's Adam ones add the decay to the gradient (L2), as torch.optim.Adam does; the AdamW ones decouple it.
     assert opt.is_adamw == name.startswith("AdamW")
     assert opt.block_size == low_bit_format(name).block_size
-    decay, no_decay = opt.param_groups
-    assert decay["weight_decay"] == 0.1 and {p.ndim for p in decay["params"]} == {2}
-    assert no_decay["weight_decay"] == 0.0 and len(no_decay["params"]) == 3
-    assert float(decay["lr"]) == 0.5 and decay["betas"] == (0.8, 0.9) and decay["eps"] == 1e-6
+    (group,) = opt.param_groups
+    assert group["weight_decay"] == 0.1 and len(group["params"]) == 4
+    assert float(group["lr"]) == 0.5 and group["betas"] == (0.8, 0.9) and group["eps"] == 1e-6
 
 
 def stored_bytes(tensor: torch.Tensor) -> int:
