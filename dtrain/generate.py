@@ -105,6 +105,7 @@ def _hf_eos_ids(folder: Path) -> tuple[int, ...]:
 
 
 def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, dtype: torch.dtype) -> Loaded:
+    from dtrain.checkpoint.hf_io import token_ids
     from dtrain.checks import model_args
     from dtrain.config import load_config
     from dtrain.data import build_tokenizer
@@ -131,7 +132,9 @@ def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, 
             raise ConfigError(f"model.name: {err}") from None
         tokenizer = build_tokenizer(cfg.model)
         args = model_args(cfg, family.model, tokenizer.vocab_size)
-        eos_ids = (tokenizer.eos_id,)
+        # Those its Hugging Face export carries (to-hf), so that both stop at the same token.
+        eos = token_ids(cfg.model, cfg.checkpoint)["eos_token_id"]
+        eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)
     with torch.device("meta"):
         model = family.model.model_cls(args)
     model = model.to_empty(device=device).to(dtype)

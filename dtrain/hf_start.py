@@ -32,7 +32,9 @@ def _kinds(adapter) -> tuple[tuple[str, str], ...]:
     return ((adapter.HF_ARCHITECTURE, adapter.HF_MODEL_TYPE), *adapter.HF_OTHER_KINDS)
 
 
-def _family_of(config: dict[str, Any], source: str) -> FamilySpec:
+def family_of(config: dict[str, Any], source: str) -> FamilySpec:
+    """The family that reads a config.json (by its architecture, else its model_type); ConfigError naming `source`
+    and the valid ones otherwise."""
     architecture, model_type = (config.get("architectures") or [None])[0], config.get("model_type")
     for spec in FAMILIES.values():
         for kind_architecture, kind_model_type in _kinds(spec.model.hf_adapter):
@@ -57,7 +59,7 @@ def hf_start(cfg: JobConfig) -> HFStart | None:
     if config is None:
         return None
     source = str((path if path.is_dir() else path.parent) / CONFIG_FILE)
-    family = _family_of(config, source)
+    family = family_of(config, source)
     if cfg.model.name not in (Model().name, family.name):
         raise ConfigError(f"model.name={cfg.model.name} contradicts {source}, a {family.name} model")
     try:

@@ -113,10 +113,10 @@ def check_layout(cfg: JobConfig, world_size: int, family: FamilySpec, model_args
     training = cfg.training
     try:
         dims = parallel_dims(cfg.parallelism, world_size)
-        pipeline_plan(cfg.parallelism, training.local_batch_size, dims, family, model_args)
+        plan = pipeline_plan(cfg.parallelism, training.local_batch_size, dims, family, model_args)
         family.check_shapes(dims, model_args, training.seq_len)
         dims.check_cp_divides(training.seq_len, cfg.parallelism.context_parallel_load_balancer)
-        family.check_hooks(dims, model_args)
+        family.check_hooks(plan, model_args)
         dims.gradient_accumulation_steps(training.local_batch_size, training.global_batch_size)
         parallelize_options(cfg, device_type).validate(dims)
         if cfg.compile.enable:  # also when only the loss is compiled

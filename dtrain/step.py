@@ -29,6 +29,8 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
 
     The loss is normalised by the number of valid tokens in the whole global batch, not per microbatch, so the
     same global batch gives the same loss and gradient however it is split over microbatches and ranks.
+    ``loss`` is that cross-entropy alone (as torchtitan logs it); a family's extra loss term (the MoE auxiliary
+    loss) is reported apart as ``aux_loss``, and the objective is their sum.
     """
     seed_everything(state.seed, "step", state.step, *state.rank.rng_coords)
     rank = state.rank
@@ -39,13 +41,20 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     # Data-parallel gradient reduction averages over the dp (and cp) ranks; scaling by their number turns that
     # average into the sum that a division by the global token count needs.
     grad_scale = rank.dp_size * rank.cp_size / global_tokens
-    # A family's extra loss term counts once per step whatever the split: the mean over the microbatches.
-    extra_loss_weight = 1.0 / len(microbatches)
+    # A family's extra loss term counts once per step: the mean over the microbatches. Each rank computes its
+    # share of a microbatch's term (models/moe.py); the shares' gradients are averaged like the loss's, so the
+    # same dp x cp factor turns that average into their sum.
+    extra_loss_weight = rank.dp_size * rank.cp_size / len(microbatches)
     loss_sum = torch.zeros((), device=global_tokens.device)
+    extra_sum = torch.zeros((), device=global_tokens.device)
     for mb in microbatches:
-        loss_sum += state.executor.forward_backward(state.model_parts, mb, grad_scale, extra_loss_weight)
+        mb_loss, mb_extra = state.executor.forward_backward(state.model_parts, mb, grad_scale, extra_loss_weight)
+        loss_sum += mb_loss
+        extra_sum += mb_extra
     grad_norm = state.executor.clip_grad_norm(state.parameters, state.max_norm)
-    loss = rank.reduce_over_dp(loss_sum) / global_tokens
+    totals = rank.reduce_over_dp(torch.stack([loss_sum, extra_sum]))
+    loss = totals[0] / global_tokens
+    extra_metrics = {"aux_loss": totals[1] / len(microbatches)} if state.executor.has_extra_loss else {}
     # Only under training.skip_nonfinite_steps does the step read the device (see nonfinite.py).
     if state.skip_nonfinite_steps == 0 or finite_on_every_rank(loss, grad_norm):
         state.optimizer.step()
@@ -57,7 +66,10 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     state.lr_scheduler.step()
     state.step += 1
     state.tokens_seen += sum(mb["input_ids"].numel() for mb in microbatches) * rank.dp_size * rank.cp_size
-    return {"loss": loss, "grad_norm": grad_norm, "lr": lr, **state.executor.step_metrics(state.model_parts)}
+    return {
+        "loss": loss, **extra_metrics, "grad_norm": grad_norm, "lr": lr,
+        **state.executor.step_metrics(state.model_parts),
+    }
 
 
 def skip_update(state: TrainState, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:

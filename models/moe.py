@@ -17,6 +17,12 @@ this file keeps possible:
 - ``GroupedExperts`` takes its number of experts from its weights and the counts it is given, never from the args,
   because under expert parallelism it holds only this rank's experts.
 
+The auxiliary loss's statistics span the whole data-parallel microbatch (the tokens that one forward routes on
+all data- and context-parallel ranks together), as Megatron's global auxiliary loss and Qwen's global-batch
+balancing take them: the layer hands its per-expert counts to ``reduce_expert_counts``, which parallelize sets to a
+sum over those ranks (on one process it returns the counts as they are), so every layout computes the loss of
+one process that runs the same microbatches.
+
 The forward does no host synchronisation and has no data-dependent Python control flow, so ``torch.compile``
 captures it whole, except in the per-expert loop that the experts fall back to where ``torch._grouped_mm`` does
 not run (see ``_grouped_mm_runs``; float32 under compile on the CPU is such a case): that loop reads the counts on
@@ -223,11 +229,17 @@ class TokenChoiceTopKRouter(nn.Module):
         return grouped.masked_fill(~group_mask.unsqueeze(-1), float("-inf")).flatten(1)
 
 
+def counts_of_this_process(counts: torch.Tensor) -> torch.Tensor:
+    """``MoE.reduce_expert_counts`` of a single process: the tokens it routes are the whole microbatch."""
+    return counts
+
+
 class MoE(nn.Module):
     """Routed experts (plus shared experts): ``x [B, S, dim] -> [B, S, dim]`` in ``x``'s dtype.
 
-    Training with ``aux_loss_coeff > 0`` leaves the layer's load-balancing loss in ``self.aux_loss`` (a float32
-    scalar with gradient to the gate; None otherwise) for the trainer to add to the objective.
+    Training with ``aux_loss_coeff > 0`` leaves this process's share of the layer's load-balancing loss in
+    ``self.aux_loss`` (a float32 scalar with gradient to the gate; None otherwise) for the trainer to add to the
+    objective; the shares of the ranks that route one microbatch together sum to that microbatch's loss.
     """
 
     def __init__(self, args: MoEArgs, dim: int) -> None:
@@ -250,6 +262,8 @@ class MoE(nn.Module):
             "tokens_per_expert", torch.zeros(args.num_experts, dtype=torch.float32), persistent=False
         )
         self.aux_loss: torch.Tensor | None = None
+        # Per-expert counts of this process -> of the whole data-parallel microbatch (set by parallelize).
+        self.reduce_expert_counts = counts_of_this_process
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dim = x.shape[-1]
@@ -284,17 +298,28 @@ class MoE(nn.Module):
         return out.to(x.dtype).view(x.shape)
 
     def _load_balancing_loss(self, num_tokens_per_expert: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Switch Transformer's ``coeff * E * sum_i f_i * P_i`` as Hugging Face's Qwen3-MoE computes it, so that
-        its ``router_aux_loss_coef`` carries over: f_i the selections of expert i per token (they sum to top_k over
-        the experts), P_i its mean router probability over the T tokens (only P carries gradient, to the gate).
-        The trainer averages the layers' terms (HF pools the layers' router outputs into one such term)."""
-        selection_fraction = num_tokens_per_expert.float() / scores.shape[0]
-        mean_probability = scores.mean(dim=0)
-        return self.aux_loss_coeff * self.num_experts * (selection_fraction * mean_probability).sum()
+        """Switch Transformer's ``coeff * E * sum_i f_i * P_i`` per layer, with Hugging Face Qwen3-MoE's
+        normalisation (its ``router_aux_loss_coef`` carries over): f_i the selections of expert i per token (they
+        sum to top_k over the experts), P_i its mean router probability, both over the N tokens of the whole
+        data-parallel microbatch. The trainer averages the layers' terms, where Hugging Face pools the layers'
+        statistics into one term (equal when every layer routes alike).
+
+        f_i is a count (no gradient), summed over the ranks by ``reduce_expert_counts``; P_i is a sum over tokens,
+        so this process's share is its own tokens' probabilities over the global N. The shares then add up over
+        the ranks to the loss, and their gradients (summed by data parallel) to its gradient, exactly."""
+        with torch.no_grad():
+            counts = self.reduce_expert_counts(num_tokens_per_expert.float())
+            # Each token selects top_k distinct experts: the counts sum to N * top_k.
+            tokens = counts.sum() / self.top_k
+        selection_fraction = counts / tokens
+        probability_share = scores.sum(dim=0) / tokens
+        return self.aux_loss_coeff * self.num_experts * (selection_fraction * probability_share).sum()
 
     def init_weights(self, init_std: float, out_std: float) -> None:
+        """``init_std`` for the experts' input projections (w1), ``out_std`` (the block's depth-scaled std) for
+        everything else here, the router's gate included, as torchtitan 0.2.2 initialises its MoE."""
         with torch.no_grad():
-            _trunc_normal_(self.router.gate.weight, init_std)
+            _trunc_normal_(self.router.gate.weight, out_std)
             self.experts.init_weights(init_std, out_std)
             if self.shared_experts is not None:
                 self.shared_experts.init_weights(out_std)

@@ -20,13 +20,16 @@ Parallelism is applied from outside (``dtrain.parallelize``), which relies on a 
   parts it does not own removed;
 - every block can initialise itself (``init_weights``), so a stage initialises only what it holds.
 
-Initialisation (``init_weights``), torchtitan-like, every draw a normal truncated at +-3 std from torch's default
-generator (the caller seeds it):
-- ``tok_embeddings`` and each block's ``wq``/``wk``/``wv``/``w1`` (the experts' ``w1`` and the router's gate too):
-  std 0.02;
-- each block's ``wo``/``w2``/``w3`` (the experts' too): std ``0.02 / sqrt(2 * (layer_id + 1))`` (deeper layers
-  start smaller, which keeps the residual stream's variance from growing with depth);
-- ``output``: std ``dim ** -0.5``; when tied to the embedding, the shared weight gets the embedding's init;
+Initialisation (``init_weights``) is torchtitan 0.2.2's, distribution for distribution (not bit for bit), from
+torch's default generator (the caller seeds it):
+- ``tok_embeddings``: a normal of std 1, untruncated;
+- each block's ``wq``/``wk``/``wv``/``w1`` (the experts' ``w1`` too): a normal of std 0.02 truncated at +-2 (an
+  absolute bound, torch's default: at std 0.02 no draw reaches it);
+- each block's ``wo``/``w2``/``w3`` (the experts', the shared experts' and the router's gate too): the same with
+  std ``0.02 / sqrt(2 * (layer_id + 1))`` (deeper layers start smaller, which keeps the residual stream's variance
+  from growing with depth);
+- ``output``: std ``dim ** -0.5`` truncated at 3 std; a head tied to the embedding is this one weight, initialised
+  as the head (torchtitan's Qwen3 draws the embedding, then overwrites the shared weight with the head's init);
 - RMSNorm weights (QK-norm too): ones.
 """
 
@@ -44,11 +47,19 @@ from .decoder import DecoderLayout
 from .rope import apply_rotary_emb, precompute_rope_cache, sequence_positions
 
 BASE_INIT_STD = 0.02
-TRUNCATION_STDS = 3.0
+# torchtitan truncates the hidden weights at torch's default bounds, absolute values, not multiples of the std.
+TRUNCATION_BOUND = 2.0
+# ... and the head at 3 of its std.
+HEAD_TRUNCATION_STDS = 3.0
 
 
 def _trunc_normal_(weight: torch.Tensor, std: float) -> None:
-    nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-TRUNCATION_STDS * std, b=TRUNCATION_STDS * std)
+    nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-TRUNCATION_BOUND, b=TRUNCATION_BOUND)
+
+
+def _init_head_(weight: torch.Tensor, dim: int) -> None:
+    std = dim**-0.5
+    nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-HEAD_TRUNCATION_STDS * std, b=HEAD_TRUNCATION_STDS * std)
 
 
 def depth_scaled_init_std(layer_id: int) -> float:
@@ -57,16 +68,21 @@ def depth_scaled_init_std(layer_id: int) -> float:
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm with a learned scale and no bias; statistics are taken in float32."""
+    """Root-mean-square norm with a learned scale and no bias; statistics are taken in float32.
 
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    ``eps`` None is the machine epsilon of the input's dtype, as ``torch.nn.RMSNorm`` takes it (torchtitan builds
+    DeepSeek-V3's final norm so).
+    """
+
+    def __init__(self, dim: int, eps: float | None = 1e-5) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
         return normed.type_as(x) * self.weight
 
     def reset_parameters(self) -> None:
@@ -245,18 +261,17 @@ class Transformer(nn.Module):
         args = self.args
         self.init_buffers(buffer_device)
         with torch.no_grad():
-            if self.tok_embeddings is not None:
-                _trunc_normal_(self.tok_embeddings.weight, BASE_INIT_STD)
+            if self.tok_embeddings is not None and not args.tie_word_embeddings:
+                nn.init.normal_(self.tok_embeddings.weight)
             for layer in self.layers.values():
                 layer.init_weights()
             if self.norm is not None:
                 self.norm.reset_parameters()
             if self.output is not None:
-                # A tied head is the embedding table: initialise it as one (once, if this model holds both).
-                if not args.tie_word_embeddings:
-                    _trunc_normal_(self.output.weight, args.dim**-0.5)
-                elif self.tok_embeddings is None:
-                    _trunc_normal_(self.output.weight, BASE_INIT_STD)
+                _init_head_(self.output.weight, args.dim)
+            elif args.tie_word_embeddings and self.tok_embeddings is not None:
+                # A stage that holds the tied embedding without the head: the weight is still the head's.
+                _init_head_(self.tok_embeddings.weight, args.dim)
 
     def init_buffers(self, buffer_device: torch.device | str | None = None) -> None:
         """Compute the buffers that no checkpoint holds, on ``buffer_device`` (default: where they are now): the RoPE

@@ -18,10 +18,14 @@ from dtrain.parallelize.errors import ParallelismError
 from dtrain.parallelize.mesh import ParallelMesh
 from dtrain.parallelize.options import ParallelizeOptions
 from dtrain.parallelize.parallel_dims import ParallelDims
+from dtrain.parallelize.pipeline_plan import PipelinePlan
 from dtrain.parallelize.tensor_parallel import TPPlan
+from dtrain.parallelize.torch_compat import SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS
 
-# A term added to a microbatch's training objective, read from this rank's model parts after their forward.
+# The sum of the terms added to a microbatch's training objective, read from model parts after their forward.
 ExtraLoss = Callable[[list[nn.Module]], torch.Tensor | None]
+# How many such terms model parts hold (the objective takes the mean of all of the model's terms).
+ExtraLossTerms = Callable[[list[nn.Module]], int]
 # Work on this rank's model parts after every optimizer step.
 OptimizerStepHook = Callable[[list[nn.Module]], None]
 # A family's own metrics of a step (0-dim tensors by name, read off the model parts without a host sync).
@@ -41,18 +45,20 @@ class FamilySpec:
     Optional step hooks (None: the family needs none). Both run inside ``train_step``, so they must not read
     tensors on the host (no ``.item()``, no ``if tensor``):
 
-    - ``extra_loss(model_parts)``: a term added to the objective after each microbatch's forward (e.g. a MoE
-      auxiliary load-balancing loss from statistics the routers kept during that forward), or None for none this
-      time. It is weighted so that it counts once per optimizer step (the mean over the step's microbatches, and
-      over the data-parallel ranks through the gradient average); the reported loss stays the cross-entropy
-      alone. Not supported under pipeline parallelism (``check_hooks``): the term would span stages that the
-      schedule runs apart.
+    - ``extra_loss(model_parts)``: the sum of the terms these parts add to the objective after each microbatch's
+      forward (e.g. the MoE layers' auxiliary load-balancing losses, from statistics the routers kept during that
+      forward), or None for none this time; ``extra_loss_terms(model_parts)`` says how many terms the parts hold
+      (default 1, which suits a single term only where the model is not pipelined).
+      The objective gets the mean over all the model's terms, weighted so that it counts once per optimizer step
+      (the mean over the step's microbatches; a term is this rank's share, and the shares add up over the
+      data-parallel ranks). Under pipeline parallelism each stage adds its terms to its own backward. The
+      reported ``loss`` stays the cross-entropy alone; the step reports the extra term as ``aux_loss``.
     - ``after_optimizer_step(model_parts)``: called right after every optimizer step, before the gradients are
       cleared (e.g. DeepSeek-V3's loss-free load balancing, which moves each expert's routing bias by its load).
     - ``step_metrics(model_parts)``: the family's metrics of the step just taken (e.g. MoE load imbalance), added
       to the step's metrics: metrics.jsonl and TensorBoard record them at every logged step.
-    - ``extra_loss_enabled(args)``: whether a model of these args adds an extra loss at all (only then is it
-      refused under pipeline parallelism).
+    - ``extra_loss_enabled(args)``: whether a model of these args adds an extra loss at all (only then is a
+      schedule that torch cannot run with it refused, ``check_hooks``).
     """
 
     model: ModelFamily
@@ -60,6 +66,7 @@ class FamilySpec:
     tp_plan: Callable[..., TPPlan]
     tp_sizes: Callable[[Any], dict[str, int]]
     extra_loss: ExtraLoss | None = None
+    extra_loss_terms: ExtraLossTerms = lambda model_parts: 1
     after_optimizer_step: OptimizerStepHook | None = None
     extra_loss_enabled: Callable[[Any], bool] = lambda args: True
     step_metrics: StepMetrics | None = None
@@ -73,14 +80,18 @@ class FamilySpec:
         dims.check_tp_divides({**self.tp_sizes(args), **moe_tp_sizes(args)}, seq_len)
         check_moe_layout(dims, args)
 
-    def check_hooks(self, dims: ParallelDims, args: Any = None) -> None:
-        """A one-line ParallelismError when this layout cannot run the family's step hooks for a model of `args`
-        (None: any model of the family)."""
+    def check_hooks(self, plan: PipelinePlan | None, args: Any = None) -> None:
+        """A one-line ParallelismError when the pipeline of `plan` (None: none) cannot run the family's step hooks
+        for a model of `args` (None: any model of the family)."""
         enabled = args is None or self.extra_loss_enabled(args)
-        if self.extra_loss is not None and enabled and dims.pp > 1:
+        if self.extra_loss is None or not enabled or plan is None:
+            return
+        # A stage adds the extra term to its backward through a custom autograd Function (pipeline_extra_loss.py).
+        if plan.split_backward and not SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS:
             raise ParallelismError(
-                f"model family {self.name} adds an extra loss term, which pipeline parallelism does not support "
-                f"yet; set parallelism.pipeline_parallel_degree = 1 (got {dims.pp})"
+                f"model family {self.name} adds an extra loss term, which torch {torch.__version__} cannot run "
+                f"under parallelism.pipeline_parallel_schedule={plan.schedule} (it splits the backward); use "
+                "1F1B, Interleaved1F1B, GPipe or LoopedBFS, or torch >= 2.13"
             )
 
 

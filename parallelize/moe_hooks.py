@@ -1,26 +1,35 @@
-"""The step hooks of families with MoE layers (``FamilySpec.extra_loss``, ``after_optimizer_step``, ``step_metrics``).
+"""The step hooks of families with MoE layers (``FamilySpec.extra_loss``, ``extra_loss_terms``,
+``after_optimizer_step``, ``step_metrics``) and the reduction that makes their statistics global.
 
-- ``moe_aux_loss``: the mean of the MoE layers' auxiliary load-balancing losses of the last forward (each layer
-  computes its own from its router's statistics, models/moe.py; Hugging Face pools the layers into one term, so a
-  mean keeps its ``router_aux_loss_coef`` meaning the same), or None when no layer has one.
+- ``moe_aux_loss``: the sum of the MoE layers' auxiliary load-balancing losses of the last forward (each layer
+  computes its own, models/moe.py), or None when no layer has one; ``moe_aux_loss_terms`` counts those layers, and
+  the step adds their mean to the objective (Hugging Face pools the layers into one term, so a mean keeps its
+  ``router_aux_loss_coef`` meaning the same). Under pipeline parallel each stage adds the sum of its layers'
+  terms over the number of MoE layers of all stages (parallelize/pipeline_extra_loss.py).
 - ``after_moe_step``: after each optimizer step, every layer's token counts of the step (per expert, from this
   rank's tokens) are summed over the ranks that hold different tokens (``dp_cp``; the ranks of a pipeline stage
   share its layers), in one all-reduce for all layers. They give each layer's load imbalance (the busiest expert's
   tokens over the mean) and, with loss-free balancing (DeepSeek-V3's), move the layer's routing bias, alike on
   every rank, as one process would. Then the counts start again from zero.
-- ``moe_step_metrics``: that imbalance per layer and its maximum, and the auxiliary loss of the step's last
-  microbatch, for metrics.jsonl and TensorBoard. Routing has no capacity limit, so no token is ever dropped.
+- ``moe_step_metrics``: that imbalance per layer and its maximum, for metrics.jsonl and TensorBoard (the step
+  reports the auxiliary loss itself, as ``aux_loss``). Routing has no capacity limit, so no token is ever dropped.
 
-The reduction group is attached to each MoE layer by parallelize (``reduce_expert_loads_over``): the hooks have
-only the model parts, and the model itself knows nothing of process groups.
+``reduce_expert_loads_over`` attaches the ``dp_cp`` group to each MoE layer (the hooks have only the model parts,
+and the model itself knows nothing of process groups) and sets the layer's ``reduce_expert_counts`` to a sum over
+it: the auxiliary loss then takes f_i from the counts of the whole data-parallel microbatch, one all-reduce per
+layer and forward, only while that loss is on. Tensor-parallel ranks route the same tokens
+(moe_tensor_parallel.py) and are not in ``dp_cp``, so no token is counted twice; expert-parallel ranks are
+data-parallel ranks, so they are in it.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -40,6 +49,13 @@ def reduce_expert_loads_over(model: nn.Module, mesh: DeviceMesh) -> None:
         return
     for moe in moe_layers([model]):
         setattr(moe, LOAD_GROUP_ATTR, mesh.get_group())
+        moe.reduce_expert_counts = functools.partial(sum_counts_over, group=mesh.get_group())
+
+
+def sum_counts_over(counts: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """`counts` summed over `group`: a functional all-reduce, which ``torch.compile`` traces (no autograd: counts
+    carry no gradient)."""
+    return funcol.wait_tensor(funcol.all_reduce(counts, "sum", group))
 
 
 def aux_loss_enabled(args: Any) -> bool:
@@ -50,7 +66,12 @@ def aux_loss_enabled(args: Any) -> bool:
 
 def moe_aux_loss(model_parts: list[nn.Module]) -> torch.Tensor | None:
     losses = [moe.aux_loss for moe in moe_layers(model_parts) if moe.aux_loss is not None]
-    return torch.stack(losses).mean() if losses else None
+    return torch.stack(losses).sum() if losses else None
+
+
+def moe_aux_loss_terms(model_parts: list[nn.Module]) -> int:
+    """How many layers of `model_parts` have an auxiliary loss (what ``moe_aux_loss`` sums in training)."""
+    return sum(1 for moe in moe_layers(model_parts) if moe.aux_loss_coeff > 0)
 
 
 def after_moe_step(model_parts: list[nn.Module]) -> None:
@@ -80,9 +101,6 @@ def moe_step_metrics(model_parts: list[nn.Module]) -> dict[str, torch.Tensor]:
     }
     if metrics:
         metrics["moe/load_imbalance_max"] = torch.stack(list(metrics.values())).max()
-    aux = moe_aux_loss(model_parts)
-    if aux is not None:
-        metrics["moe/aux_loss"] = aux.detach()
     return metrics
 
 
@@ -95,6 +113,7 @@ def _layer_name(module_name: str) -> str:
 # What a family with MoE layers passes to its FamilySpec (``FamilySpec(..., **MOE_STEP_HOOKS)``).
 MOE_STEP_HOOKS = dict(
     extra_loss=moe_aux_loss,
+    extra_loss_terms=moe_aux_loss_terms,
     extra_loss_enabled=aux_loss_enabled,
     after_optimizer_step=after_moe_step,
     step_metrics=moe_step_metrics,

@@ -12,6 +12,8 @@ after forward this silently gives wrong gradients (torch 2.13: some are missing,
 ``build_pipeline`` keeps the parameters of every FSDP unit gathered between forward and backward for those
 schedules, whatever the stages were wrapped with.
 
+A family's extra loss term (the MoE auxiliary loss) enters each stage's own backward (pipeline_extra_loss.py).
+
 Validation runs forward only through ``Schedule.eval`` of a second schedule of the same kind over the same stage
 modules (``Pipeline.evaluate``): the training schedule's stages keep the shapes and backward set-up of training
 (torch 2.13 re-runs that set-up at every switch between ``step`` and ``eval`` of one schedule), and a validation
@@ -41,6 +43,7 @@ from torch.distributed.tensor import DTensor
 
 from dtrain.parallelize.errors import ParallelismError
 from dtrain.parallelize.grad_norm import total_grad_norm
+from dtrain.parallelize.pipeline_extra_loss import StageExtraLoss, shape_inference
 from dtrain.parallelize.pipeline_plan import SINGLE_STAGE_SCHEDULES, PipelinePlan
 from dtrain.parallelize.pipeline_split import StageModule
 from dtrain.parallelize.torch_compat import PipelineStageWithForwardOnlyHandoff, clip_grads_with_norm_
@@ -77,6 +80,7 @@ class Pipeline:
     loss: ScaledLoss
     pp_group: dist.ProcessGroup
     device: torch.device = torch.device("cpu")
+    extra_loss: StageExtraLoss | None = None
     # Forward-only schedules of validation, by (batch size, sequence length): built on first use.
     eval_schedules: dict[tuple[int, int], object] = field(default_factory=dict)
 
@@ -99,16 +103,21 @@ class Pipeline:
         labels: torch.Tensor,
         grad_scale: torch.Tensor | float,
         document_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        extra_loss_weight: float = 0.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward of one batch (split into the plan's microbatches); gradients accumulate.
 
-        Returns the batch's summed loss, unscaled, on every pipeline rank (all-reduced from the rank that holds
-        the last stage), so that every rank logs the same loss. Run it inside the trainer's loss context (loss
-        parallel under TP), which the last stage's loss and backward need. `document_ids` (document masking)
-        reaches every stage's forward: the schedule splits keyword arguments into microbatches like the inputs
-        and hands them to each stage, not only the first.
+        Returns the batch's summed loss, unscaled, and the mean over the plan's microbatches of the family's extra
+        loss term (summed over the stages; 0 without one), on every pipeline rank (all-reduced from the ranks that
+        hold them), so that every rank logs the same values. Each microbatch's extra term enters backward times
+        ``extra_loss_weight / n_microbatches``: the batch's term counts as their mean. Run it inside the trainer's
+        loss context (loss parallel under TP), which the last stage's loss and backward need. `document_ids`
+        (document masking) reaches every stage's forward: the schedule splits keyword arguments into microbatches
+        like the inputs and hands them to each stage, not only the first.
         """
         self.loss.grad_scale = grad_scale
+        if self.extra_loss is not None:
+            self.extra_loss.start(extra_loss_weight / self.plan.n_microbatches)
         losses: list[torch.Tensor] = []
         # A stage checks each microbatch against the shapes and strides it inferred from a contiguous example
         # (torch 2.11 compares strides too), so a batch that is a view, e.g. inputs cut from a window of
@@ -121,8 +130,14 @@ class Pipeline:
             loss_sum = torch.stack([loss.detach() for loss in losses]).sum() / grad_scale
         else:
             loss_sum = torch.zeros((), device=input_ids.device)
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self.pp_group)
-        return loss_sum
+        extra = (
+            self.extra_loss.total(loss_sum.device) / self.plan.n_microbatches
+            if self.extra_loss is not None
+            else torch.zeros_like(loss_sum)
+        )
+        totals = torch.stack([loss_sum, extra])
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=self.pp_group)
+        return totals[0], totals[1]
 
     def evaluate(
         self, input_ids: torch.Tensor, labels: torch.Tensor, document_ids: torch.Tensor | None = None
@@ -175,15 +190,15 @@ class StatelessInferenceStage(PipelineStageWithForwardOnlyHandoff):
     microbatch (first stage) or on empty tensors of the received shapes (torch 2.13's ``_forward_metadata_inference``,
     torch 2.11's ``_shape_inference``). A module that keeps statistics in buffers would count that run as
     training: an MoE layer's token counts (models/moe.py), which then move its loss-free balancing bias otherwise
-    than one process would. The buffers are restored after the inference run.
+    than one process would. The buffers are restored after the inference run, and it adds no extra loss term.
     """
 
     def _forward_metadata_inference(self, *args, **kwargs):
-        with _buffers_restored(self.submod):
+        with _buffers_restored(self.submod), shape_inference(self.submod):
             return super()._forward_metadata_inference(*args, **kwargs)
 
     def _shape_inference(self, *args, **kwargs):
-        with _buffers_restored(self.submod):
+        with _buffers_restored(self.submod), shape_inference(self.submod):
             return super()._shape_inference(*args, **kwargs)
 
 
@@ -205,10 +220,12 @@ def build_pipeline(
     pp_group: dist.ProcessGroup,
     device: torch.device,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    extra_loss: StageExtraLoss | None = None,
 ) -> Pipeline:
     """The schedule over this rank's (parallelized, materialized) stages, communicating over `pp_group`.
 
-    `loss_fn(output, labels)` is the trainer's summed loss (as ``build_step_executor`` gets it).
+    `loss_fn(output, labels)` is the trainer's summed loss (as ``build_step_executor`` gets it); `extra_loss`
+    the family's extra term, already hooked into the stages (None: none).
     """
     pp_rank, pp_size = dist.get_rank(pp_group), dist.get_world_size(pp_group)
     if pp_size != plan.pp or tuple(s.index for s in stages) != plan.stage_indices(pp_rank):
@@ -220,7 +237,9 @@ def build_pipeline(
         keep_parameters_gathered(stages)
     loss = ScaledLoss(loss_fn)
     schedule = new_schedule(plan, stages, pp_group, device, loss, n_microbatches=plan.n_microbatches)
-    return Pipeline(plan=plan, stages=stages, schedule=schedule, loss=loss, pp_group=pp_group, device=device)
+    return Pipeline(
+        plan=plan, stages=stages, schedule=schedule, loss=loss, pp_group=pp_group, device=device, extra_loss=extra_loss
+    )
 
 
 def new_schedule(

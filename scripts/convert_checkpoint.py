@@ -2,13 +2,15 @@
 
     # DCP (full or model-only, any layout it was saved with) -> HF LlamaForCausalLM folder (safetensors + config.json)
     python scripts/convert_checkpoint.py to-hf outputs/run/checkpoint/step-1000 hf_out --dtype bfloat16
-    # HF folder -> DCP model-only checkpoint (use as checkpoint.initial_load_path)
+    # HF folder -> DCP model-only checkpoint (use as checkpoint.initial_load_path); the family is config.json's
     python scripts/convert_checkpoint.py from-hf /models/Llama-3.1-8B dcp_out
     # DCP -> one file for plain torch: torch.load("model.pt", weights_only=True)
     python scripts/convert_checkpoint.py to-torch outputs/run/checkpoint/step-1000 model.pt
 
 to-hf needs the model's hyperparameters: it reads the run's resolved config (<run>/config.toml, found two folders
-above the checkpoint; or --config). from-hf reads them from the HF config.json.
+above the checkpoint; or --config), which records them in full; the config.json it writes carries the special-token
+ids of the HF config the run started from, else of its tokenizer. from-hf reads family and shape from the HF
+config.json (--family overrides its architecture / model_type).
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ import torch
 
 from dtrain.checkpoint import dcp_io
 from dtrain.checkpoint.folders import CommitRecord, commit
-from dtrain.checkpoint.hf_io import build_adapter, iter_hf_weights, read_hf_config, save_hf
+from dtrain.checkpoint.hf_io import CONFIG_FILE, build_adapter, iter_hf_weights, read_hf_config, save_hf, token_ids
 from dtrain.errors import DtrainError
+from dtrain.hf_start import family_of
 from dtrain.parallelize import FAMILIES, get_family
 
 DTYPES = dcp_io.EXPORT_DTYPES  # the dtypes of checkpoint.export_dtype
 
 
 def run_config_args(checkpoint: Path, config: Path | None):
-    """(family name, model args) of the run that wrote `checkpoint`, from its resolved config.toml."""
+    """(family name, model args, the run's config) of the run that wrote `checkpoint`, from its resolved
+    config.toml."""
     from dtrain.checks import model_args
     from dtrain.config import load_config
     from dtrain.data import build_tokenizer
@@ -40,7 +44,7 @@ def run_config_args(checkpoint: Path, config: Path | None):
         raise DtrainError(f"{config} not found; pass --config with the run's config.toml")
     cfg = load_config(["--config", str(config)])
     family = get_family(cfg.model.name).model
-    return cfg.model.name, model_args(cfg, family, build_tokenizer(cfg.model).vocab_size)
+    return cfg.model.name, model_args(cfg, family, build_tokenizer(cfg.model).vocab_size), cfg
 
 
 def expected_shapes(family_name: str, args) -> dict[str, tuple[int, ...]]:
@@ -50,12 +54,13 @@ def expected_shapes(family_name: str, args) -> dict[str, tuple[int, ...]]:
 
 
 def to_hf(opts) -> None:
-    family, args = run_config_args(opts.checkpoint, opts.config)
+    family, args, cfg = run_config_args(opts.checkpoint, opts.config)
     weights = dcp_io.read_full_weights(opts.checkpoint)
     expected = expected_shapes(family, args)
     if {k: tuple(v.shape) for k, v in weights.items()} != expected:
         raise DtrainError(f"{opts.checkpoint} does not hold the weights of the model its config describes")
-    files = save_hf(weights, opts.out, build_adapter(family, args), DTYPES[opts.dtype], int(opts.max_shard_gb * 2**30))
+    files = save_hf(weights, opts.out, build_adapter(family, args), DTYPES[opts.dtype], int(opts.max_shard_gb * 2**30),
+                    special_tokens=token_ids(cfg.model, cfg.checkpoint))
     print(f"wrote {len(files)} files to {opts.out}")
 
 
@@ -63,10 +68,15 @@ def from_hf(opts) -> None:
     config = read_hf_config(opts.hf_dir)
     if config is None:
         raise DtrainError(f"{opts.hf_dir} has no config.json (needed for the model's shape)")
-    adapter_cls = get_family(opts.family).model.hf_adapter
-    args = adapter_cls.args_from_hf_config(config)
+    source = str((opts.hf_dir if opts.hf_dir.is_dir() else opts.hf_dir.parent) / CONFIG_FILE)
+    family = get_family(opts.family) if opts.family else family_of(config, source)
+    adapter_cls = family.model.hf_adapter
+    try:
+        args = adapter_cls.args_from_hf_config(config)
+    except (KeyError, TypeError, ValueError) as err:
+        raise DtrainError(f"{source} is not a readable {family.name} config ({type(err).__name__}: {err})") from None
     adapter = adapter_cls(args)
-    names = list(expected_shapes(opts.family, args))
+    names = list(expected_shapes(family.name, args))
     weights = {fqn: t.to(DTYPES[opts.dtype]) for fqn, t in iter_hf_weights(opts.hf_dir, adapter, names)}
     partial = opts.out.with_name(opts.out.name + ".partial")
     dcp_io.save(weights, partial)
@@ -96,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     back = commands.add_parser("from-hf", help="Hugging Face safetensors folder -> DCP model-only checkpoint")
     back.add_argument("hf_dir", type=Path)
     back.add_argument("out", type=Path)
-    back.add_argument("--family", choices=sorted(FAMILIES), default="llama3")
+    back.add_argument("--family", choices=sorted(FAMILIES), default=None,
+                      help="model family (default: config.json's architectures / model_type)")
     back.add_argument("--dtype", choices=DTYPES, default="float32")
     plain = commands.add_parser("to-torch", help="DCP checkpoint -> one torch.save file")
     plain.add_argument("checkpoint", type=Path)

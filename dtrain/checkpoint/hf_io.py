@@ -21,6 +21,9 @@ from dtrain.parallelize import get_family
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
+# The special-token ids of a config.json; transformers' generate stops at eos_token_id, and without these keys some
+# configs default to ids of their own (DeepseekV3Config's bos 0, eos 1).
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id")
 
 
 def build_adapter(family: str, model_args: Any):
@@ -57,6 +60,22 @@ def read_hf_config(path: Path) -> dict[str, Any] | None:
         return json.loads(file.read_text())
     except ValueError as err:
         raise DtrainError(f"{file} is not valid JSON ({err})") from err
+
+
+def token_ids(model_cfg, checkpoint_cfg) -> dict[str, Any]:
+    """The special-token ids a config.json written for a run carries: those of the Hugging Face config.json it
+    started from (an eos list included), the tokenizer's for any it lacks (`model_cfg`, `checkpoint_cfg`: the
+    run's sections)."""
+    from dtrain.data import build_tokenizer
+
+    ids: dict[str, Any] = {}
+    if checkpoint_cfg.initial_load_in_hf and checkpoint_cfg.initial_load_path:
+        original = read_hf_config(Path(checkpoint_cfg.initial_load_path)) or {}
+        ids = {key: original[key] for key in TOKEN_ID_KEYS if original.get(key) is not None}
+    if len(ids) < len(TOKEN_ID_KEYS):
+        tokenizer = build_tokenizer(model_cfg)
+        ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, **ids}
+    return ids
 
 
 @contextlib.contextmanager
@@ -107,9 +126,11 @@ def load_hf_weights(model_parts: list[nn.Module], path: Path, adapter) -> None:
 
 
 def save_hf(
-    weights: dict[str, torch.Tensor], out_dir: Path, adapter, dtype: torch.dtype, max_shard_bytes: int = 5 << 30
+    weights: dict[str, torch.Tensor], out_dir: Path, adapter, dtype: torch.dtype, max_shard_bytes: int = 5 << 30,
+    special_tokens: dict[str, Any] | None = None,
 ) -> list[Path]:
-    """Write full (unsharded) weights as HF safetensors plus config.json into `out_dir`; returns the files written."""
+    """Write full (unsharded) weights as HF safetensors plus config.json (with `special_tokens`, e.g. `token_ids`)
+    into `out_dir`; returns the files written."""
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -138,6 +159,7 @@ def save_hf(
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True))
         written.append(out_dir / INDEX_FILE)
-    (out_dir / CONFIG_FILE).write_text(json.dumps(adapter.hf_config(dtype), indent=2))
+    config = {**adapter.hf_config(dtype), **(special_tokens or {})}
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     written.append(out_dir / CONFIG_FILE)
     return written

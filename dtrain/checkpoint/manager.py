@@ -192,7 +192,7 @@ class CheckpointManager:
         then reads them back whole and writes the safetensors, as scripts/convert_checkpoint.py to-hf does. Always
         blocking: it is the run's last save, and the process exits after it.
         """
-        from dtrain.checkpoint.hf_io import build_adapter, save_hf
+        from dtrain.checkpoint.hf_io import build_adapter, save_hf, token_ids
 
         self._wait_and_commit()
         partial, final = self._open_folder(step)
@@ -205,7 +205,8 @@ class CheckpointManager:
             dcp_io.save(weights, shards)
             if self.ctx.rank == 0:
                 adapter = build_adapter(self.ctx.cfg.model.name, self.ctx.model_args)
-                save_hf(dcp_io.read_full_weights(shards), partial, adapter, dtype)
+                tokens = token_ids(self.ctx.cfg.model, self.cfg)
+                save_hf(dcp_io.read_full_weights(shards), partial, adapter, dtype, special_tokens=tokens)
                 shutil.rmtree(shards)
         except (Exception, CheckpointException) as err:
             raise save_failed(partial, "Hugging Face save", err) from None

@@ -27,7 +27,7 @@ class FieldSpec:
 
     section: str
     name: str
-    kind: str  # one of KINDS; "list" is always a list of strings, "table" a dict of scalars
+    kind: str  # one of KINDS; "list" is always a list of strings, "table" a dict of scalars or dicts of scalars
     optional: bool  # None is a valid value (unset)
     default: Any
     doc: str

@@ -1,8 +1,8 @@
 """Reading TOML config files and writing a resolved JobConfig back out as TOML (or a plain dict).
 
 The writer covers exactly the value types the schema allows (bool, int, float, str, lists of str, tables of
-scalars) so that its output loads back into an equal config; TOML has no null, so unset (None) fields are left
-out and load back as their default, which is None.
+scalars or of inline tables of scalars) so that its output loads back into an equal config; TOML has no null, so
+unset (None) fields are left out and load back as their default, which is None.
 """
 
 from __future__ import annotations

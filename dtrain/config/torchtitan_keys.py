@@ -163,6 +163,249 @@ PROVEN_SAME = {
         f"{_OPTIM_TEST} (norm and clipped gradients); `0` disables clipping here, where torchtitan would clip every "
         "gradient to zero"
     ),
+    "model.flavor": (
+        "tests/reference/test_torchtitan_flavors.py (every args field of every Llama 3, Qwen3 and DeepSeek-V3 "
+        "flavor; DeepSeek-V3 debugmodel logits) and tests/reference/test_torchtitan_init.py (each weight's init "
+        "distribution); the block-causal mask of the `*_flex*`/`*_varlen*` flavors is `training.attention_mask` "
+        "here; dtrain adds `debugmodel_gqa` (its default run's), `debugmodel_moe_small`, `debugmodel_small`, `1B`, "
+        "`3B` (docs/models.md)"
+    ),
+}
+
+# Keys of torchtitan's name whose meaning differs here after all: key -> what differs (the guide's row says so).
+MEANING_DIFFERENCES = {
+    "job.print_config": (
+        "prints the resolved config as TOML and exits without training (tests/e2e/test_run_train_cli.py::"
+        "test_help_and_print_config_answer_without_training); torchtitan logs it as JSON and trains"
+    ),
+}
+
+# The other "same" keys: key -> the note the guide shows, naming the dtrain test that exercises the key's torchtitan
+# meaning (path::test, or a parity file and its layout), and where the two part, if anywhere.
+# tests/reference/test_torchtitan_config_keys.py checks that each named test exists.
+_PARSED = "tests/reference/test_torchtitan_config_keys.py::test_both_parse_the_same_values_from_the_same_file_and_flags"
+_TRAINS = "tests/reference/test_torchtitan_training.py::test_torchtitan_toml_trains_torchtitans_curve"
+_PROFILE = "tests/test_profiling.py::test_profiler_writes_traces_at_the_end_of_each_window"
+_SNAPSHOT = "tests/test_profiling.py::test_memory_snapshot_dumps_every_profile_freq_steps_on_cuda (CUDA)"
+_BACKGROUND = "tests/data/test_data_background.py::test_every_setting_gives_the_same_batches_and_state"
+_VALIDATOR = "tests/trainer/test_validation.py::test_validator_runs_its_batches_and_reports_perplexity"
+_VALIDATION_LOADER = (
+    "tests/trainer/test_validation.py::"
+    "test_background_loading_reads_the_same_batches_at_every_evaluation"
+)
+_FLOAT8 = "tests/parallelize/test_float8.py::test_converts_the_linears_that_fit_and_are_not_filtered"
+_FLOAT8_FSDP = "tests/parallelize/test_float8.py::test_precompute_hook_only_with_fsdp_float8_all_gather"
+_MX = "tests/parallelize/test_mx.py::test_converts_the_linears_that_fit_the_mx_block_and_are_not_filtered"
+_COMPILED_RUN = (
+    "tests/trainer/test_compile_report.py::"
+    "test_the_trainer_writes_the_report_logs_it_once_and_dumps_inductor_code_of_the_first_step"
+)
+_DETERMINISM = "tests/trainer/test_step.py::test_deterministic_warn_only_warns_instead_of_raising"
+TESTED_SAME = {
+    "job.config_file": "tests/config/test_config_resolution.py::test_existing_path_is_used_as_is",
+    "job.dump_folder": "tests/e2e/test_run_train_cli.py::test_debug_model_trains_writes_outputs_and_is_deterministic",
+    "job.description": f"{_PARSED} (a label only, in both)",
+    "job.save_config_file": (
+        "tests/config/test_torchtitan_drop_in.py::test_save_config_file_writes_the_resolved_config_as_json (dtrain's "
+        "keys); a path outside job.dump_folder is refused here"
+    ),
+    "profiling.enable_profiling": f"{_PROFILE} (iteration_<step>/rank<r>_trace.json, torchtitan's layout)",
+    "profiling.save_traces_folder": f"{_PROFILE} (under job.dump_folder)",
+    "profiling.profile_freq": f"{_PROFILE} (a window ends at each multiple)",
+    "profiling.profiler_active": f"{_PROFILE} (recorded steps of a window)",
+    "profiling.profiler_warmup": f"{_PROFILE} (warmup steps before them)",
+    "profiling.enable_memory_snapshot": f"{_SNAPSHOT}; refused on a CPU-only machine",
+    "profiling.save_memory_snapshot_folder": _SNAPSHOT,
+    "metrics.log_freq": (
+        "tests/metrics/test_metrics_logger.py::test_should_log_first_every_log_freq_and_last_step (step 1 and every "
+        "log_freq-th); the last step is logged too here"
+    ),
+    "metrics.enable_tensorboard": (
+        "tests/metrics/test_metrics_logger.py::"
+        "test_tensorboard_events_are_written_and_readable"
+    ),
+    "metrics.disable_color_printing": (
+        "tests/metrics/test_metrics_color.py::"
+        "test_disable_color_printing_keeps_a_terminal_plain"
+    ),
+    "metrics.save_tb_folder": "tests/metrics/test_metrics_logger.py::test_tensorboard_events_are_written_and_readable",
+    "metrics.save_for_all_ranks": (
+        "tests/metrics/test_metrics_logger.py::test_save_for_all_ranks_gives_each_rank_its_own_files"
+    ),
+    "metrics.enable_wandb": (
+        "tests/metrics/test_metrics_wandb.py::"
+        "test_rank0_logs_every_record_to_a_wandb_run_with_the_config"
+    ),
+    "model.name": f"{_TRAINS} (llama3, qwen3)",
+    "model.hf_assets_path": (
+        "tests/data/test_data_tokenizer_config.py::test_bos_eos_come_from_tokenizer_config_at_the_next_free_ids (a "
+        "folder laid out as torchtitan's)"
+    ),
+    "model.converters": f"{_FLOAT8} and {_MX}",
+    "training.dataset": "tests/data/test_data_c4.py::test_c4_test_is_the_first_2000_training_documents",
+    "training.dataset_path": "tests/data/test_data_sources.py::test_c4_default_path_and_missing_paths",
+    "training.local_batch_size": _TRAINS,
+    "training.global_batch_size": (
+        "tests/e2e/test_run_train_cli.py::test_gradient_accumulation_matches_one_big_microbatch (the steps it "
+        "accumulates)"
+    ),
+    "training.seq_len": _TRAINS,
+    "training.steps": _TRAINS,
+    "training.enable_cpu_offload": "tests/parallelize/test_parity_fsdp_ddp.py (layout fsdp_reshard_never_cpu_offload)",
+    "training.mixed_precision_param": "tests/parallelize/test_parity_precision.py (the bf16 layouts)",
+    "training.mixed_precision_reduce": "tests/parallelize/test_parity_precision.py (layout ddp_bf16_reduce_bf16)",
+    "training.gc_freq": "tests/reference/test_torchtitan_config_keys.py::test_gc_freq_and_init_timeout_reach_the_run",
+    "training.dataloader.num_workers": _BACKGROUND,
+    "training.dataloader.persistent_workers": (
+        "tests/data/test_data_background.py::test_persistent_workers_survive_a_rewind"
+    ),
+    "training.dataloader.pin_memory": "tests/data/test_data_background.py::test_pin_memory_without_cuda_does_nothing",
+    "training.dataloader.prefetch_factor": _BACKGROUND,
+    "parallelism.data_parallel_replicate_degree": (
+        "tests/parallelize/test_parity_hsdp.py::"
+        "test_hsdp_shards_within_replicas"
+    ),
+    "parallelism.data_parallel_shard_degree": (
+        "tests/parallelize/test_parallel_dims.py::test_shard_degree_minus_one_takes_the_rest"
+    ),
+    "parallelism.fsdp_reshard_after_forward": (
+        "tests/parallelize/test_parity_fsdp_ddp.py (layouts fsdp_reshard_always, fsdp_reshard_never_cpu_offload); "
+        "`default` keeps the last block gathered and reshards under pipeline parallel too, where torchtitan's "
+        "reshards every block but none under pipeline parallel (memory and speed only)"
+    ),
+    "parallelism.tensor_parallel_degree": "tests/parallelize/test_parity_tp.py::test_every_parameter_is_a_tp_dtensor",
+    "parallelism.disable_loss_parallel": "tests/parallelize/test_parity_tp.py (layout tp_no_loss_parallel)",
+    "parallelism.enable_async_tensor_parallel": (
+        "tests/parallelize/test_cuda.py::"
+        "test_async_tp_enables_micro_pipelining"
+    ),
+    "parallelism.pipeline_parallel_degree": (
+        "tests/e2e/test_run_train_pipeline.py::test_pipeline_reproduces_the_single_process_losses"
+    ),
+    "parallelism.module_fqns_per_model_part": (
+        "tests/config/test_config_nested_lists.py::test_nested_toml_lists_as_torchtitan_writes_them; an empty list "
+        "is unset here (torchtitan's None)"
+    ),
+    "parallelism.pipeline_parallel_layers_per_stage": (
+        "tests/parallelize/test_pipeline_plan.py::test_layers_per_stage_sets_the_number_of_stages"
+    ),
+    "parallelism.pipeline_parallel_schedule": (
+        "tests/parallelize/test_pipeline_parity.py::test_schedule_matches_single_process"
+    ),
+    "parallelism.pipeline_parallel_microbatch_size": (
+        "tests/e2e/test_run_train_pipeline.py::test_pipeline_reproduces_the_single_process_losses"
+    ),
+    "parallelism.context_parallel_degree": (
+        "tests/parallelize/test_parity_cp.py::test_parameters_are_sharded_over_the_cp_ranks"
+    ),
+    "parallelism.context_parallel_load_balancer": (
+        "tests/parallelize/test_context_parallel.py::test_headtail_gives_rank_i_chunks_i_and_2cp_minus_1_minus_i; "
+        "`none` spells torchtitan's None (which TOML cannot write); `ptrr` (FlexAttention) is refused"
+    ),
+    "parallelism.context_parallel_rotate_method": (
+        "tests/parallelize/test_context_parallel.py::test_alltoall_rotation_is_valid_only_on_torchs_ring"
+    ),
+    "parallelism.expert_parallel_degree": (
+        "tests/e2e/test_run_train_moe.py::test_expert_parallel_over_two_processes_matches_one"
+    ),
+    "parallelism.expert_tensor_parallel_degree": (
+        "tests/config/test_config_validate.py::test_invalid_configs; only `1` (every TP rank keeps whole experts)"
+    ),
+    "checkpoint.enable": "tests/checkpoint/test_checkpoint_export.py::test_disabled_checkpointing_saves_nothing",
+    "checkpoint.folder": (
+        "tests/checkpoint/test_checkpoint_save_policy.py::test_first_step_checkpoint_saves_the_full_state_after_step_1"
+    ),
+    "checkpoint.interval": "tests/checkpoint/test_checkpoint_resume.py::test_retention_keeps_the_newest_k",
+    "checkpoint.initial_load_path": (
+        "tests/reference/test_torchtitan_checkpoints.py::test_a_torchtitan_checkpoint_gives_torchtitans_logits"
+    ),
+    "checkpoint.initial_load_model_only": (
+        "tests/checkpoint/test_checkpoint_startup.py::"
+        "test_initial_load_takes_weights_by_default_and_the_full_state_on_request"
+    ),
+    "checkpoint.initial_load_in_hf": (
+        "tests/reference/test_transformers_roundtrip.py::test_hf_folder_trains_exports_and_generates_as_transformers"
+    ),
+    "checkpoint.last_save_model_only": (
+        "tests/checkpoint/test_checkpoint_export.py::"
+        "test_last_save_is_model_only_in_export_dtype_and_loads_with_plain_torch"
+    ),
+    "checkpoint.last_save_in_hf": (
+        "tests/checkpoint/test_checkpoint_last_save_hf.py::test_final_save_is_a_hugging_face_folder_that_loads_back"
+    ),
+    "checkpoint.export_dtype": (
+        "tests/checkpoint/test_checkpoint_last_save_hf.py::"
+        "test_float16_export_of_hf_and_model_only_saves"
+    ),
+    "checkpoint.async_mode": (
+        "tests/checkpoint/test_checkpoint_resume.py::"
+        "test_resume_after_a_crash_continues_bit_identically"
+    ),
+    "checkpoint.keep_latest_k": (
+        "tests/checkpoint/test_checkpoint_resume.py::test_retention_keeps_the_newest_k; `1` keeps one checkpoint "
+        "here, where torchtitan refuses it"
+    ),
+    "checkpoint.load_step": (
+        "tests/checkpoint/test_checkpoint_startup.py::test_load_step_picks_a_step_and_names_the_available_ones"
+    ),
+    "checkpoint.exclude_from_loading": (
+        "tests/checkpoint/test_checkpoint_startup.py::test_excluded_parts_start_fresh; `optimizer`, `lr_scheduler`, "
+        "`dataloader` (torchtitan's `model` and `train_state` are refused)"
+    ),
+    "checkpoint.enable_first_step_checkpoint": (
+        "tests/checkpoint/test_checkpoint_save_policy.py::test_first_step_checkpoint_saves_the_full_state_after_step_1"
+    ),
+    "checkpoint.create_seed_checkpoint": (
+        "tests/checkpoint/test_checkpoint_resume.py::"
+        "test_seed_checkpoint_gives_the_same_run_as_the_initialisation_it_saved"
+    ),
+    "checkpoint.load_only": "tests/checkpoint/test_checkpoint_save_policy.py::test_load_only_resumes_and_never_saves",
+    "activation_checkpoint.mode": (
+        "tests/parallelize/test_single_process.py::"
+        "test_what_each_ac_mode_recomputes_in_backward"
+    ),
+    "activation_checkpoint.selective_ac_option": (
+        "tests/parallelize/test_single_process.py::test_every_nth_block_is_wrapped_counting_from_one"
+    ),
+    "activation_checkpoint.memory_budget": (
+        "tests/parallelize/test_single_process.py::test_memory_budget_trades_kept_activations_for_recomputation_exactly"
+    ),
+    "compile.enable": _COMPILED_RUN,
+    "compile.components": f"{_COMPILED_RUN} (the default: model and loss)",
+    "compile.backend": "tests/parallelize/test_compile_options.py::test_config_values_become_torch_compile_arguments",
+    "quantize.linear.float8.enable_fsdp_float8_all_gather": _FLOAT8_FSDP,
+    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp": _FLOAT8_FSDP,
+    "quantize.linear.float8.recipe_name": "tests/parallelize/test_float8.py::test_float8_loss_tracks_the_fp32_loss",
+    "quantize.linear.float8.filter_fqns": _FLOAT8,
+    "quantize.linear.float8.emulate": _FLOAT8,
+    "quantize.linear.mx.recipe_name": "tests/parallelize/test_mx.py::test_mx_loss_tracks_the_fp32_loss",
+    "quantize.linear.mx.filter_fqns": _MX,
+    "comm.init_timeout_seconds": (
+        "tests/reference/test_torchtitan_config_keys.py::test_gc_freq_and_init_timeout_reach_the_run"
+    ),
+    "comm.train_timeout_seconds": (
+        "tests/parallelize/test_collective_timeout.py::test_a_silent_peer_times_out_at_the_lowered_timeout"
+    ),
+    "validation.enable": "tests/e2e/test_run_train_validation.py::test_pipeline_run_validates_every_freq_steps",
+    "validation.dataset": "tests/data/test_data_c4.py::test_c4_validation_reads_the_validation_split_only",
+    "validation.dataset_path": "tests/trainer/test_validation.py::test_a_files_side_depends_on_its_path_alone",
+    "validation.local_batch_size": _VALIDATOR,
+    "validation.seq_len": _VALIDATOR,
+    "validation.freq": "tests/e2e/test_run_train_validation.py::test_pipeline_run_validates_every_freq_steps",
+    "validation.steps": (
+        f"{_VALIDATOR}; -1: tests/trainer/test_validation.py::"
+        "test_steps_minus_one_counts_the_whole_set_in_full_global_batches"
+    ),
+    "validation.dataloader.num_workers": _VALIDATION_LOADER,
+    "validation.dataloader.persistent_workers": _VALIDATION_LOADER,
+    "validation.dataloader.pin_memory": "tests/data/test_data_background.py::test_pin_memory_without_cuda_does_nothing",
+    "validation.dataloader.prefetch_factor": _BACKGROUND,
+    "debug.seed": (
+        "tests/e2e/test_run_train_cli.py::test_debug_model_trains_writes_outputs_and_is_deterministic; the same seed "
+        "draws other random numbers than torchtitan's (tests/reference/test_torchtitan_init.py: the same distributions)"
+    ),
+    "debug.deterministic": _DETERMINISM,
+    "debug.deterministic_warn_only": _DETERMINISM,
 }
 
 TORCHTITAN_V0_2_2_KEYS = """

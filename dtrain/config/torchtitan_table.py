@@ -11,7 +11,9 @@ from dtrain.config.reference import splice_between
 from dtrain.config.torchtitan_keys import (
     ANY,
     DEFAULT_DIFFERENCES,
+    MEANING_DIFFERENCES,
     PROVEN_SAME,
+    TESTED_SAME,
     TORCHTITAN_ONLY,
     TORCHTITAN_V0_2_2_KEYS,
 )
@@ -26,9 +28,13 @@ def _cell(text: str) -> str:
 
 
 def key_status(key: str) -> tuple[str, str]:
-    """(status, notes) of a torchtitan key: same, renamed, accepted (no effect) or accepted/refused by value."""
+    """(status, notes) of a torchtitan key: same, differs, renamed, accepted (no effect) or accepted/refused by
+    value."""
+    if key in MEANING_DIFFERENCES:
+        return "same name, differs", MEANING_DIFFERENCES[key]
     if key in config_fields():
-        notes = [f"tested: {PROVEN_SAME[key]}"] if key in PROVEN_SAME else []
+        tested = PROVEN_SAME.get(key) or TESTED_SAME.get(key)
+        notes = [f"tested: {tested}"] if tested else []
         if key in DEFAULT_DIFFERENCES:
             theirs, ours = DEFAULT_DIFFERENCES[key]
             default = config_fields()[key].default

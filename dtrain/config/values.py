@@ -30,6 +30,10 @@ EXPECTS = {
 INT_TEXT = re.compile(r"[+-]?\d+")
 
 
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (bool, int, float, str))
+
+
 def _in(source: str | None) -> str:
     return f" (in {source})" if source else ""
 
@@ -112,11 +116,13 @@ def coerce_value(spec: FieldSpec, value: Any, source: str | None = None, constra
         ok = isinstance(value, list) and all(isinstance(item, str) for item in value)
         value = list(value) if ok else value
     elif kind == "table":
-        # Scalars only; what each entry may be is checked where the table is used (e.g. the family's args).
+        # Scalars, or tables of scalars (a structured model arg such as [model.args.rope_scaling]); what each entry
+        # may be is checked where the table is used (e.g. the family's args).
         ok = isinstance(value, dict) and all(
-            isinstance(k, str) and isinstance(v, (bool, int, float, str)) for k, v in value.items()
+            isinstance(k, str) and (_scalar(v) or (isinstance(v, dict) and all(map(_scalar, v.values()))))
+            for k, v in value.items()
         )
-        value = dict(value) if ok else value
+        value = {k: dict(v) if isinstance(v, dict) else v for k, v in value.items()} if ok else value
     elif kind == "nested_list":
         # Each inner list as a TOML list of strings (torchtitan's form) or as one space-separated string.
         ok = isinstance(value, list) and all(

@@ -73,6 +73,7 @@ def _number(value: float | None, spec: str) -> str:
 
 
 MOE_IMBALANCE = "moe/load_imbalance_max"
+AUX_LOSS = "aux_loss"
 
 
 def format_line(record: Mapping[str, Any], total_steps: int, color: bool = False) -> str:
@@ -81,6 +82,8 @@ def format_line(record: Mapping[str, Any], total_steps: int, color: bool = False
     fields = (
         f"step {record['step']:>{len(str(total_steps))}}/{total_steps}",
         f"loss {_number(record.get('loss'), '.4f')}",
+        # A family's auxiliary loss (MoE load balancing), apart from the cross-entropy `loss`.
+        *([f"aux_loss {record[AUX_LOSS]:.4g}"] if AUX_LOSS in record else []),
         f"grad_norm {_number(record.get('grad_norm'), '.3f')}",
         f"lr {_number(record.get('lr'), '.2e')}",
         f"tps {record['tps']:,.0f}",

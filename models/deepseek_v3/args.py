@@ -1,4 +1,4 @@
-"""Hyperparameters of the DeepSeek-V3 family (and DeepSeek-V2-Lite's shape) and its size presets (flavors).
+"""Hyperparameters of the DeepSeek-V3 family (and DeepSeek-V2's shapes) and its size presets (flavors).
 
 A DeepSeek decoder differs from Llama's in two places. Attention is multi-head latent attention (MLA): keys and
 values are projected up from one small per-token latent (``kv_lora_rank``), queries optionally too
@@ -6,10 +6,13 @@ values are projected up from one small per-token latent (``kv_lora_rank``), quer
 rotated, the key's shared by all heads. The feed-forward of the first ``n_dense_layers`` blocks is a dense SwiGLU,
 that of all later blocks a mixture of experts (``moe``, models/moe.py, from the ``moe_*`` fields).
 
-Flavor names and shapes are torchtitan's and the published models': ``16B`` is DeepSeek-V2-Lite (softmax routing
-over 64 experts, no low-rank query), ``671B`` DeepSeek-V3 (sigmoid, group-limited routing with a load-balancing
-bias). Both carry their published YaRN settings, which are applied at every length, as Hugging Face does, so that
-their checkpoints compute the same function here.
+The flavors torchtitan 0.2.2 defines (``debugmodel``, ``debugmodel_flex_attn``, ``16B`` = DeepSeek-V2-Lite's shape,
+``236B`` = DeepSeek-V2's, ``671B`` = DeepSeek-V3's) are its settings field for field
+(tests/reference/test_torchtitan_flavors.py), including where they depart from the published checkpoints: norm eps
+1e-5 in every norm but the final one (eps of the activations' dtype), YaRN only once a run is longer than its
+4096-token original context, loss-free balancing by an expert bias on every MoE. A Hugging Face config.json
+(hf_adapter.py) gives the published settings instead. ``debugmodel_small`` is dtrain's own: smaller heads and
+DeepSeek-V3's routing (sigmoid, groups, bias) on a CPU.
 """
 
 from __future__ import annotations
@@ -48,9 +51,18 @@ class DeepSeekV3Args:
     qk_rope_head_dim: int = 64
     v_head_dim: int = 128
     vocab_size: int = 102400
+    # eps of the block norms (and, without final_norm_dtype_eps, of the final norm).
     norm_eps: float = 1e-6
+    # eps of the query and kv latent norms: DeepSeek's and Hugging Face's code fix it at 1e-6, torchtitan's is norm_eps.
+    latent_norm_eps: float = 1e-6
+    # The final norm's eps is the machine epsilon of the activations' dtype (1.2e-7 in float32, 7.8e-3 in bfloat16),
+    # as torchtitan 0.2.2 builds that norm (without one); false: norm_eps, as Hugging Face's.
+    final_norm_dtype_eps: bool = False
     rope_theta: float = 10000.0
     rope_scaling: YarnScaling | None = None
+    # Apply rope_scaling (frequencies and softmax scale) only when max_seq_len exceeds its original context, as
+    # torchtitan 0.2.2 does (its runs set max_seq_len to training.seq_len); false: at every length, as Hugging Face.
+    rope_scaling_beyond_original_only: bool = False
     # Longest sequence the RoPE table covers; the trainer sets it to at least its training seq_len.
     max_seq_len: int = 4096
     tie_word_embeddings: bool = False
@@ -122,6 +134,15 @@ class DeepSeekV3Args:
         )
 
     @property
+    def active_rope_scaling(self) -> YarnScaling | None:
+        """The YaRN settings this model computes with at its max_seq_len (None: plain RoPE)."""
+        scaling = self.rope_scaling
+        if scaling is not None and self.rope_scaling_beyond_original_only:
+            if self.max_seq_len <= scaling.original_max_position_embeddings:
+                return None
+        return scaling
+
+    @property
     def qk_head_dim(self) -> int:
         """Features per query and key head: the position-free ones, then the rotated ones."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
@@ -146,35 +167,64 @@ class DeepSeekV3Args:
         return self.n_layers - self.n_dense_layers
 
 
-# The YaRN extension both published models were released with (128K from a 4K pretraining context).
-_V2_LITE_YARN = YarnScaling(factor=40.0, original_max_position_embeddings=4096, mscale=0.707, mscale_all_dim=0.707)
-_V3_YARN = YarnScaling(factor=40.0, original_max_position_embeddings=4096, mscale=1.0, mscale_all_dim=1.0)
-# DeepSeek-V3's routing: sigmoid scores, a selection bias for loss-free balancing, group-limited choice,
-# renormalised combine weights.
-_V3_ROUTING = dict(moe_score_func="sigmoid", moe_route_norm=True, moe_load_balance_bias=True)
+# torchtitan 0.2.2's YaRN: 40 times a 4096-token context, mscale on the softmax scale only (mscale == mscale_all_dim
+# leaves the cos/sin table unscaled: yarn.py), applied once max_seq_len exceeds 4096 (torchtitan's
+# update_from_config sets max_seq_len to training.seq_len; dtrain raises the flavor's 4096 to it).
+def _torchtitan_yarn(mscale: float) -> YarnScaling:
+    return YarnScaling(factor=40.0, original_max_position_embeddings=4096, mscale=mscale, mscale_all_dim=mscale)
+
+
+def _torchtitan(**fields) -> DeepSeekV3Args:
+    """A torchtitan 0.2.2 flavor: its norm eps everywhere but the final norm, its YaRN rule, and its MoE's
+    loss-free balancing (MoEArgs.load_balance_coeff 1e-3, which its DeepSeek-V3 optimizers apply every step)."""
+    defaults = dict(
+        norm_eps=1e-5, latent_norm_eps=1e-5, final_norm_dtype_eps=True, rope_scaling=_torchtitan_yarn(1.0),
+        rope_scaling_beyond_original_only=True, max_seq_len=4096, moe_load_balance_bias=True,
+        moe_bias_update_speed=1e-3, moe_aux_loss_coeff=0.0,
+    )
+    return DeepSeekV3Args(**{**defaults, **fields})
+
+
+# torchtitan's small shape: full-size heads (kv latent 512, 128 + 64 query/key features), DeepSeek-V2's routing
+# (softmax over 8 experts, 3 per token, 2 shared experts, no renormalisation).
+_TORCHTITAN_DEBUG = dict(
+    dim=256, n_layers=6, n_dense_layers=1, hidden_dim=1024, n_heads=16, q_lora_rank=0, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=2048, rope_scaling=_torchtitan_yarn(0.70),
+    moe_num_experts=8, moe_top_k=3, moe_hidden_dim=256, moe_num_shared_experts=2, moe_score_func="softmax",
+)
 
 DEEPSEEK_V3_FLAVORS: dict[str, DeepSeekV3Args] = {
-    # Small enough for a CPU, with every path of the 671B's MoE on: 8 experts in 4 groups, 2 groups per token.
-    "debugmodel": DeepSeekV3Args(
+    "debugmodel": _torchtitan(**_TORCHTITAN_DEBUG),
+    # The same model; torchtitan's flex attention with its block-causal mask is dtrain's
+    # training.attention_mask = "block_causal", a setting of the run.
+    "debugmodel_flex_attn": _torchtitan(**_TORCHTITAN_DEBUG),
+    # dtrain's CPU shape with every path of the 671B's MoE on: small heads, 8 experts in 4 groups, 2 groups per
+    # token, sigmoid scores renormalised, a shared expert, loss-free balancing; plain RoPE.
+    "debugmodel_small": DeepSeekV3Args(
         dim=256, n_layers=6, n_dense_layers=1, hidden_dim=1024, n_heads=16, q_lora_rank=0, kv_lora_rank=128,
         qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, vocab_size=2048, moe_num_experts=8, moe_top_k=3,
         moe_hidden_dim=256, moe_num_shared_experts=1, moe_num_expert_groups=4, moe_num_limited_groups=2,
-        **_V3_ROUTING,
+        moe_score_func="sigmoid", moe_route_norm=True, moe_load_balance_bias=True,
     ),
-    # DeepSeek-V2-Lite: 15.7B parameters, 2.4B active per token; softmax routing balanced by an auxiliary loss
-    # (its paper's expert-level balance factor).
-    "16B": DeepSeekV3Args(
+    # DeepSeek-V2-Lite's shape (15.7B parameters, 2.4B active per token): softmax routing over 64 experts.
+    "16B": _torchtitan(
         dim=2048, n_layers=27, n_dense_layers=1, hidden_dim=10944, n_heads=16, q_lora_rank=0, kv_lora_rank=512,
-        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=102400, rope_scaling=_V2_LITE_YARN,
-        moe_num_experts=64, moe_top_k=6, moe_hidden_dim=1408, moe_num_shared_experts=2, moe_score_func="softmax",
-        moe_aux_loss_coeff=0.001,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=102400,
+        rope_scaling=_torchtitan_yarn(0.70), moe_num_experts=64, moe_top_k=6, moe_hidden_dim=1408, moe_num_shared_experts=2, moe_score_func="softmax",
+    ),
+    # DeepSeek-V2's shape (236B parameters, 21B active): softmax routing over 160 experts in 8 groups, 3 per token.
+    "236B": _torchtitan(
+        dim=5120, n_layers=60, n_dense_layers=1, hidden_dim=12288, n_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=102400, moe_num_experts=160,
+        moe_top_k=6, moe_hidden_dim=1536, moe_num_shared_experts=2, moe_score_func="softmax", moe_route_scale=16.0,
+        moe_num_expert_groups=8, moe_num_limited_groups=3,
     ),
     # DeepSeek-V3 (R1 and V3.1 share the shape): 671B parameters, 37B active per token (its multi-token
-    # prediction module is not part of this model).
-    "671B": DeepSeekV3Args(
+    # prediction module is not part of this model); sigmoid scores, group-limited, renormalised and scaled.
+    "671B": _torchtitan(
         dim=7168, n_layers=61, n_dense_layers=3, hidden_dim=18432, n_heads=128, q_lora_rank=1536, kv_lora_rank=512,
-        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=129280, rope_scaling=_V3_YARN,
-        moe_num_experts=256, moe_top_k=8, moe_hidden_dim=2048, moe_num_shared_experts=1, moe_route_scale=2.5,
-        moe_num_expert_groups=8, moe_num_limited_groups=4, **_V3_ROUTING,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=129280, moe_num_experts=256,
+        moe_top_k=8, moe_hidden_dim=2048, moe_num_shared_experts=1, moe_score_func="sigmoid", moe_route_norm=True,
+        moe_route_scale=2.5, moe_num_expert_groups=8, moe_num_limited_groups=4,
     ),
 }

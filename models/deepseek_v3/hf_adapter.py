@@ -146,6 +146,8 @@ class DeepSeekV3HFAdapter:
     HF_ARCHITECTURE, HF_MODEL_TYPE = "DeepseekV3ForCausalLM", "deepseek_v3"
     HF_OTHER_KINDS: tuple[tuple[str, str], ...] = ()
     args_from_hf_config = staticmethod(deepseek_v3_args_from_hf_config)
+    # Args fields a run starting from a config.json may set: the choices of a run that _CHECKED leaves out.
+    RUN_FIELDS = ("max_seq_len", "moe_aux_loss_coeff", "moe_bias_update_speed")
 
     def __init__(self, args: DeepSeekV3Args):
         self.args = args
@@ -204,7 +206,9 @@ class DeepSeekV3HFAdapter:
         a, yarn = self.args, self.args.rope_scaling
         scaling = None
         if yarn is not None:
-            scaling = {"type": "yarn", **{f.name: getattr(yarn, f.name) for f in fields(yarn)}}
+            # "rope_type" is the key transformers reads now, "type" the one DeepSeek's own configs (and older
+            # transformers) use.
+            scaling = {"rope_type": "yarn", "type": "yarn", **{f.name: getattr(yarn, f.name) for f in fields(yarn)}}
         return {
             "architectures": [self.HF_ARCHITECTURE],
             "model_type": self.HF_MODEL_TYPE,

@@ -19,9 +19,10 @@ Two things adapt MLA to that seam:
 - the softmax scale is ``mscale**2 / sqrt(qk_head_dim)`` under YaRN (yarn.py); the queries are multiplied by
   ``mscale**2`` so that the inner attention's default ``1 / sqrt(head_dim)`` gives it.
 
-Initialisation follows the shared decoder's (models/transformer.py): truncated normals, std 0.02 for the input
-projections and the embedding, ``0.02 / sqrt(2 (layer_id + 1))`` for what writes into the residual stream (wo, the
-FFN's w2/w3, the experts' w2/w3 and the shared experts'), ``dim ** -0.5`` for the head; norms ones.
+Initialisation is the shared decoder's (models/transformer.py), torchtitan 0.2.2's: std 0.02 for the projections
+into attention and the FFNs (wq or wq_a/wq_b, wkv_a, wkv_b, w1), ``0.02 / sqrt(2 (layer_id + 1))`` for what writes
+into the residual stream and for the router's gate (wo, w2/w3 of the FFN and of the routed and shared experts), a
+plain normal of std 1 for the embedding, ``dim ** -0.5`` truncated at 3 std for the head; norms ones.
 """
 
 from __future__ import annotations
@@ -36,10 +37,6 @@ from ..transformer import BASE_INIT_STD, RMSNorm, Transformer, TransformerBlock,
 from .args import DeepSeekV3Args
 from .yarn import precompute_yarn_rope_cache, softmax_scale_factor
 
-
-# DeepSeek's reference and Hugging Face's DeepseekV3 give the two latent norms (q_norm, kv_norm) RMSNorm's default
-# eps whatever the config's rms_norm_eps, which only the block norms and the final norm take.
-LATENT_NORM_EPS = 1e-6
 
 
 class SharedRopeKey(nn.Identity):
@@ -65,15 +62,15 @@ class MultiHeadLatentAttention(nn.Module):
             self.wq = nn.Linear(args.dim, q_out, bias=False)
         else:
             self.wq_a = nn.Linear(args.dim, args.q_lora_rank, bias=False)
-            self.q_norm = RMSNorm(args.q_lora_rank, eps=LATENT_NORM_EPS)
+            self.q_norm = RMSNorm(args.q_lora_rank, eps=args.latent_norm_eps)
             self.wq_b = nn.Linear(args.q_lora_rank, q_out, bias=False)
         self.wkv_a = nn.Linear(args.dim, args.kv_lora_rank + args.qk_rope_head_dim, bias=False)
-        self.kv_norm = RMSNorm(args.kv_lora_rank, eps=LATENT_NORM_EPS)
+        self.kv_norm = RMSNorm(args.kv_lora_rank, eps=args.latent_norm_eps)
         self.wkv_b = nn.Linear(args.kv_lora_rank, args.n_heads * (args.qk_nope_head_dim + args.v_head_dim), bias=False)
         self.wo = nn.Linear(args.n_heads * args.v_head_dim, args.dim, bias=False)
         self.shared_rope_key = SharedRopeKey()
         self.inner_attention = CausalSDPA()
-        self.query_scale = softmax_scale_factor(args.rope_scaling)
+        self.query_scale = softmax_scale_factor(args.active_rope_scaling)
 
     @property
     def low_rank_query(self) -> bool:
@@ -124,6 +121,11 @@ class DeepSeekV3Transformer(Transformer):
     the dense feed-forward in the first ``n_dense_layers`` blocks and the MoE layer after them, and YaRN RoPE on the
     decoupled rope part of queries and keys."""
 
+    def __init__(self, args: DeepSeekV3Args) -> None:
+        super().__init__(args)
+        if args.final_norm_dtype_eps:
+            self.norm.eps = None  # RMSNorm then takes the machine epsilon of its input's dtype
+
     def build_block(self, layer_id: int, args: DeepSeekV3Args) -> TransformerBlock:
         return TransformerBlock(
             layer_id, args, MultiHeadLatentAttention(args), use_moe=layer_id >= args.n_dense_layers
@@ -132,5 +134,5 @@ class DeepSeekV3Transformer(Transformer):
     def rope_table(self, device: torch.device | str) -> torch.Tensor:
         args = self.args
         return precompute_yarn_rope_cache(
-            args.qk_rope_head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling, device
+            args.qk_rope_head_dim, args.max_seq_len, args.rope_theta, args.active_rope_scaling, device
         )

@@ -1,4 +1,7 @@
-"""Hyperparameters of the Llama 3 family and its published size presets (flavors).
+"""Hyperparameters of the Llama 3 family and its size presets (flavors).
+
+Every flavor name torchtitan 0.2.2 defines is its model, field for field (tests/reference/test_torchtitan_flavors.py);
+``1B`` and ``3B`` (Llama 3.2, tied embeddings) and ``debugmodel_gqa`` are dtrain's own.
 
 The trainer takes a flavor and overrides what depends on the run, e.g.
 ``replace(LLAMA3_FLAVORS["8B"], vocab_size=..., max_seq_len=..., tie_word_embeddings=...)``.
@@ -6,7 +9,7 @@ The trainer takes a flavor and overrides what depends on the run, e.g.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..rope import RopeScaling
 
@@ -56,6 +59,7 @@ class Llama3Args:
 
 
 # Llama 3.1 (8B, 70B, 405B) and 3.2 (1B, 3B) were published with a 128k context and RoPE scaling; 3.2 scales by 32.
+# torchtitan 0.2.2 applies the 3.1 scaling to every Llama 3 flavor (RoPEScalingArgs is no option there).
 _LLAMA31_SCALING = RopeScaling(
     factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
 )
@@ -63,19 +67,26 @@ _LLAMA32_SCALING = RopeScaling(
     factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
 )
 
+# torchtitan 0.2.2's debug shape: multi-head attention (16 heads of 16 features, as many kv heads), its FFN width by
+# the default rule (multiple_of 256: 768). Its flex and varlen variants (and 8B's) are the same model; their
+# block-causal mask is dtrain's document masking (training.attention_mask), a setting of the run.
+_TORCHTITAN_DEBUG = Llama3Args(
+    dim=256, n_layers=6, n_heads=16, n_kv_heads=16, vocab_size=2048, multiple_of=256, ffn_dim_multiplier=None,
+    rope_scaling=_LLAMA31_SCALING, max_seq_len=2048,
+)
+
+_LLAMA31_8B = Llama3Args(
+    dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, multiple_of=1024, ffn_dim_multiplier=1.3,
+    rope_scaling=_LLAMA31_SCALING, max_seq_len=131072,
+)
+
+# Each flavor its own value (copies, not aliases), so that changing one in place never changes another.
 LLAMA3_FLAVORS: dict[str, Llama3Args] = {
-    # Small enough to train on a laptop CPU; GQA (8 query heads over 4 kv heads) and RoPE scaling are exercised.
-    "debugmodel": Llama3Args(
-        dim=256,
-        n_layers=6,
-        n_heads=8,
-        n_kv_heads=4,
-        vocab_size=2048,
-        multiple_of=256,
-        ffn_dim_multiplier=None,
-        rope_scaling=_LLAMA31_SCALING,
-        max_seq_len=2048,
-    ),
+    "debugmodel": _TORCHTITAN_DEBUG,
+    "debugmodel_flex_attn": replace(_TORCHTITAN_DEBUG),
+    "debugmodel_varlen_attn": replace(_TORCHTITAN_DEBUG),
+    # dtrain's own debug shape, where grouped-query attention is exercised: 8 query heads over 4 kv heads.
+    "debugmodel_gqa": replace(_TORCHTITAN_DEBUG, n_heads=8, n_kv_heads=4),
     "1B": Llama3Args(
         dim=2048,
         n_layers=16,
@@ -98,16 +109,9 @@ LLAMA3_FLAVORS: dict[str, Llama3Args] = {
         max_seq_len=131072,
         tie_word_embeddings=True,
     ),
-    "8B": Llama3Args(
-        dim=4096,
-        n_layers=32,
-        n_heads=32,
-        n_kv_heads=8,
-        multiple_of=1024,
-        ffn_dim_multiplier=1.3,
-        rope_scaling=_LLAMA31_SCALING,
-        max_seq_len=131072,
-    ),
+    "8B": _LLAMA31_8B,
+    "8B_flex": replace(_LLAMA31_8B),
+    "8B_varlen": replace(_LLAMA31_8B),
     "70B": Llama3Args(
         dim=8192,
         n_layers=80,

@@ -130,6 +130,8 @@ class Llama3HFAdapter:
     IN_BLOCK = _IN_BLOCK
     CHECKED_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_hidden_dim", "head_dim",
                       "tie_word_embeddings", "rope_theta", "rope_scaling", "norm_eps")
+    # Args fields a run starting from a config.json may set (they change no weight and no result of it).
+    RUN_FIELDS: tuple[str, ...] = ("max_seq_len",)
 
     def __init__(self, args: Llama3Args):
         self.args = args
@@ -191,8 +193,10 @@ class Llama3HFAdapter:
         scaling = None
         if a.rope_scaling is not None:
             s = a.rope_scaling
+            # "rope_type" is the key transformers reads now, "type" the one older versions read.
             scaling = {
                 "rope_type": "llama3",
+                "type": "llama3",
                 "factor": s.factor,
                 "low_freq_factor": s.low_freq_factor,
                 "high_freq_factor": s.high_freq_factor,

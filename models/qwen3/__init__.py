@@ -1,4 +1,4 @@
-"""The Qwen3 family, dense and mixture-of-experts (Qwen3-MoE, the ``debugmodel_moe``, ``30B-A3B`` and ``235B-A22B``
+"""The Qwen3 family, dense and mixture-of-experts (Qwen3-MoE, the ``debugmodel_moe*``, ``30B-A3B`` and ``235B-A22B``
 flavors): args and flavors, the shared decoder with QK-norm, its FLOP count, HF adapter and the names (and RoPE
 order) newer torchtitan checkpoints give its weights."""
 

@@ -3,7 +3,8 @@
 
 Unlike Llama 3, the head size is its own field (``n_heads * head_dim`` need not equal ``dim``), the FFN width is
 given directly, queries and keys are RMS-normalised per head (QK-norm), RoPE has no frequency scaling, and the
-small models tie the embedding to the head. Flavor names and shapes are torchtitan's and the published ones.
+small models tie the embedding to the head. Every flavor name torchtitan 0.2.2 defines is its model, field for field
+(tests/reference/test_torchtitan_flavors.py); ``debugmodel_moe_small`` is dtrain's own.
 
 Qwen3-MoE is the same decoder whose every feed-forward is a routed mixture of SwiGLU experts (``models/moe.py``:
 softmax scores, top-k, optionally renormalised, no shared experts). Its settings are flat ``moe_*`` fields rather
@@ -122,13 +123,19 @@ def _qwen3(dim: int, n_layers: int, n_heads: int, hidden_dim: int, tie: bool, vo
 
 def _qwen3_moe(
     dim: int, n_layers: int, n_heads: int, n_kv_heads: int, hidden_dim: int, num_experts: int, top_k: int,
-    moe_hidden_dim: int, tie: bool = False, vocab_size: int = 151936,
+    moe_hidden_dim: int, tie: bool = False, vocab_size: int = 151936, rope_theta: float = 1000000.0,
+    aux_loss_coeff: float = 0.0,
 ) -> Qwen3Args:
-    """A Qwen3-MoE shape: every block routes to ``top_k`` of ``num_experts`` experts, scores renormalised."""
+    """A Qwen3-MoE shape: every block routes to ``top_k`` of ``num_experts`` experts, scores renormalised.
+
+    torchtitan 0.2.2 trains these without any load balancing: no auxiliary loss, and the expert bias its MoE layer
+    holds (MoEArgs.load_balance_coeff's default) is never updated by its Qwen3 optimizers, so it stays zero and
+    routes as none (its checkpoints carry that zero ``expert_bias``; ours have none)."""
     return Qwen3Args(
         dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=128, hidden_dim=hidden_dim,
-        vocab_size=vocab_size, tie_word_embeddings=tie, moe_num_experts=num_experts, moe_top_k=top_k,
-        moe_hidden_dim=moe_hidden_dim, moe_route_norm=True, moe_aux_loss_coeff=0.001, moe_load_balance_bias=False,
+        vocab_size=vocab_size, rope_theta=rope_theta, tie_word_embeddings=tie, moe_num_experts=num_experts,
+        moe_top_k=top_k, moe_hidden_dim=moe_hidden_dim, moe_route_norm=True, moe_aux_loss_coeff=aux_loss_coeff,
+        moe_load_balance_bias=False,
     )
 
 
@@ -141,13 +148,17 @@ QWEN3_FLAVORS: dict[str, Qwen3Args] = {
     "8B": _qwen3(dim=4096, n_layers=36, n_heads=32, hidden_dim=12288, tie=False),
     "14B": _qwen3(dim=5120, n_layers=40, n_heads=40, hidden_dim=17408, tie=False),
     "32B": _qwen3(dim=5120, n_layers=64, n_heads=64, hidden_dim=25600, tie=False),
-    # The debug shape with experts, trainable on a CPU: 16 narrow experts, 4 per token (torchtitan's routes 8 of
-    # 64 experts of width 768, untied). 16 experts split evenly over expert-parallel degrees 1, 2, 4, 8 and 16.
-    "debugmodel_moe": _qwen3_moe(dim=256, n_layers=8, n_heads=16, n_kv_heads=8, hidden_dim=3072, num_experts=16,
-                                 top_k=4, moe_hidden_dim=128, tie=True, vocab_size=2048),
-    # Qwen3-30B-A3B and Qwen3-235B-A22B as first released (RoPE theta 1e6; the 2507 updates raised it).
+    # torchtitan's debug MoE: the debug shape, untied, with 64 experts of width 768, 8 per token (300M parameters).
+    "debugmodel_moe": _qwen3_moe(dim=256, n_layers=8, n_heads=16, n_kv_heads=8, hidden_dim=3072, num_experts=64,
+                                 top_k=8, moe_hidden_dim=768, vocab_size=2048),
+    # dtrain's MoE for a CPU: 16 narrow experts, 4 per token, tied, with HF's auxiliary loss (router_aux_loss_coef).
+    # 16 experts split evenly over expert-parallel degrees 1, 2, 4, 8 and 16.
+    "debugmodel_moe_small": _qwen3_moe(dim=256, n_layers=8, n_heads=16, n_kv_heads=8, hidden_dim=3072,
+                                       num_experts=16, top_k=4, moe_hidden_dim=128, tie=True, vocab_size=2048,
+                                       aux_loss_coeff=0.001),
     "30B-A3B": _qwen3_moe(dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, hidden_dim=6144, num_experts=128,
                           top_k=8, moe_hidden_dim=768),
+    # RoPE theta 5e6 is torchtitan's (the 2507 update's); the first release of Qwen3-235B-A22B has 1e6.
     "235B-A22B": _qwen3_moe(dim=4096, n_layers=94, n_heads=64, n_kv_heads=4, hidden_dim=12288, num_experts=128,
-                            top_k=8, moe_hidden_dim=1536),
+                            top_k=8, moe_hidden_dim=1536, rope_theta=5000000.0),
 }

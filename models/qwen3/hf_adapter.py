@@ -92,6 +92,8 @@ class Qwen3HFAdapter(Llama3HFAdapter):
     CHECKED_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size",
                       "tie_word_embeddings", "rope_theta", "norm_eps", "moe_num_experts", "moe_top_k",
                       "moe_hidden_dim", "moe_route_norm")
+    # The balancing loss's weight is training's (router_aux_loss_coef changes no logit).
+    RUN_FIELDS = ("max_seq_len", "moe_aux_loss_coeff")
 
     def hf_name(self, fqn: str) -> str:
         if fqn.endswith("moe.expert_bias"):

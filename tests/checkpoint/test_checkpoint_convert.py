@@ -24,7 +24,7 @@ def load_script():
 
 def test_dcp_to_hf_and_back_is_bit_exact_and_to_torch_loads_without_pickle(run_dir, tmp_path, capsys):
     cfg = make_cfg(run_dir)
-    cfg.model.flavor = "debugmodel"
+    cfg.model.flavor = "debugmodel_gqa"
     args = model_args(cfg, get_family("llama3").model, 258)
     torch.manual_seed(3)
     model = Transformer(args)

@@ -23,7 +23,7 @@ from dtrain.parallelize import get_family
 # The byte tokenizer has 258 tokens; HF models made for these tests have 320 rows, as a run would round them.
 HF_ARGS = {
     "qwen3": replace(QWEN3_FLAVORS["debugmodel"], n_layers=2, head_dim=32, hidden_dim=256, vocab_size=320),
-    "llama3": replace(LLAMA3_FLAVORS["debugmodel"], n_layers=2, vocab_size=320),
+    "llama3": replace(LLAMA3_FLAVORS["debugmodel_gqa"], n_layers=2, vocab_size=320),  # GQA: HF's k permutation
 }
 
 

@@ -17,7 +17,7 @@ def test_toml_table_and_flags_merge_flags_last(load, configs_dir: Path):
     assert cfg.model.args == {"n_layers": 3, "dim": "128", "norm_eps": "1e-6"}  # flags stay text until typed
     args = prepare(cfg).model_args
     assert (args.n_layers, args.dim, args.norm_eps) == (3, 128, 1e-6)
-    assert args.n_heads == 8 and args.vocab_size == 320  # the rest: the flavor's, the vocabulary the tokenizer's
+    assert args.n_heads == 16 and args.vocab_size == 320  # the rest: the flavor's, the vocabulary the tokenizer's
 
 
 def test_the_resolved_shape_is_what_config_toml_records_and_rebuilds(load, tmp_path: Path):
@@ -44,10 +44,12 @@ def test_another_family_checks_its_own_fields(load):
         (["--model.args.n_layers", "two"], "model.args.n_layers expects an integer, got 'two'"),
         (["--model.args.n_layers", "+-2"], "model.args.n_layers expects an integer, got '+-2'"),
         (["--model.args.n_layers", "0"], "model.args: Llama3Args.n_layers must be > 0, got 0"),
-        (["--model.args.dim", "100"], "model.args: Llama3Args.dim (100) must be divisible by n_heads (8)"),
+        (["--model.args.dim", "100"], "model.args: Llama3Args.dim (100) must be divisible by n_heads (16)"),
         (["--model.args.rope_theta", "fast"], "model.args.rope_theta expects a number, got 'fast'"),
         (["--model.args.tie_word_embeddings", "maybe"], "model.args.tie_word_embeddings expects a boolean"),
-        (["--model.args.rope_scaling", "x"], "model.args.rope_scaling can only be set to none here"),
+        (["--model.args.rope_scaling", "x"], "model.args.rope_scaling expects a table of factor, low_freq_factor, "
+                                             "high_freq_factor, original_max_position_embeddings (TOML "
+                                             "[model.args.rope_scaling]) or none, got 'x'"),
         (["--model.args.vocab_size", "100"], "model.args.vocab_size=100 is smaller than the tokenizer's 258 tokens"),
     ],
 )

@@ -19,7 +19,7 @@ def test_debug_model_trains_writes_outputs_and_is_deterministic(tmp_path):
     assert records[0]["mfu"] is None  # no known peak for a CPU: no guess
     assert records[-1]["loss"] < records[0]["loss"] - 0.5
     assert list((first / "tb").glob("events.out.tfevents.*"))
-    assert 'flavor = "debugmodel"' in (first / "config.toml").read_text()
+    assert 'flavor = "debugmodel_gqa"' in (first / "config.toml").read_text()
 
     assert run_train(*TINY, "--job.dump_folder", str(second)).returncode == 0
     assert [r["loss"] for r in read_metrics(second)] == [r["loss"] for r in records]

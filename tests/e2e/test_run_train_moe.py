@@ -1,16 +1,19 @@
-"""A Qwen3-MoE flavor through `./run_train.sh`: expert parallel and tensor parallel over 2 processes reproduce the
-1-process loss curve, and the MoE load statistics reach the console, metrics.jsonl and TensorBoard's record."""
+"""A Qwen3-MoE flavor with its auxiliary loss through `./run_train.sh`: expert parallel, tensor parallel and pipeline
+parallel over 2 processes reproduce the 1-process loss and auxiliary loss curves, and the MoE load statistics and
+the auxiliary loss reach the console and metrics.jsonl."""
 
 import pytest
 from run_train_helpers import FP32, TINY, read_metrics, run_train
 
 pytestmark = pytest.mark.slow
 
-# The debug MoE flavor shrunk; loss-free balancing (an auxiliary loss depends on how the batch is split).
+# dtrain's small debug MoE flavor shrunk, with an auxiliary loss (and untied embeddings, which pipeline stages need).
+# Its statistics span the data-parallel microbatch: each layout below runs one microbatch of the 4 sequences per
+# step, as the single process does.
 MOE = [
-    "--model.name", "qwen3", "--model.flavor", "debugmodel_moe", "--model.args.n_layers", "2",
-    "--model.args.dim", "64", "--model.args.moe_hidden_dim", "64", "--model.args.moe_aux_loss_coeff", "0",
-    "--model.args.moe_load_balance_bias", "true",
+    "--model.name", "qwen3", "--model.flavor", "debugmodel_moe_small", "--model.args.n_layers", "2",
+    "--model.args.dim", "64", "--model.args.moe_hidden_dim", "64", "--model.args.moe_aux_loss_coeff", "0.01",
+    "--model.args.moe_load_balance_bias", "false", "--model.args.tie_word_embeddings", "false",
 ]
 SAME_GLOBAL_BATCH = [*TINY, "--training.steps", "4", "--training.global_batch_size", "4", *FP32, *MOE]
 
@@ -30,9 +33,10 @@ def test_expert_parallel_over_two_processes_matches_one(tmp_path, single_dir):
     assert ep.returncode == 0, ep.stderr[-3000:]
     log = ep.stdout + ep.stderr
     assert "2 processes (FSDP + EP" in log and "experts over ep 2 × efsdp 1" in log
-    assert "moe_imbalance" in log
-    records = read_metrics(ep_dir)
-    assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in read_metrics(single_dir)], rel=1e-5)
+    assert "moe_imbalance" in log and "aux_loss" in log
+    records, single = read_metrics(ep_dir), read_metrics(single_dir)
+    for name in ("loss", "aux_loss"):
+        assert [r[name] for r in records] == pytest.approx([r[name] for r in single], rel=1e-5)
     assert all(r["moe/load_imbalance_max"] >= 1.0 for r in records)
     assert {"moe/layers.0/load_imbalance", "moe/layers.1/load_imbalance"} <= set(records[-1])
 
@@ -42,8 +46,21 @@ def test_tensor_parallel_over_two_processes_matches_one(tmp_path, single_dir):
                    "--parallelism.data_parallel_shard_degree", "1", "--job.dump_folder", str(tmp_path), NPROC="2")
     assert tp.returncode == 0, tp.stderr[-3000:]
     assert "2 processes (TP" in tp.stdout + tp.stderr
-    losses = [r["loss"] for r in read_metrics(tmp_path)]
-    assert losses == pytest.approx([r["loss"] for r in read_metrics(single_dir)], rel=1e-5)
+    records, single = read_metrics(tmp_path), read_metrics(single_dir)
+    for name in ("loss", "aux_loss"):
+        assert [r[name] for r in records] == pytest.approx([r[name] for r in single], rel=1e-5)
+
+
+def test_pipeline_parallel_over_two_processes_matches_one(tmp_path, single_dir):
+    # One pipeline microbatch of the 4 sequences, as one process's: each stage adds its layer's auxiliary loss.
+    pp = run_train(*SAME_GLOBAL_BATCH, "--parallelism.pipeline_parallel_degree", "2",
+                   "--parallelism.pipeline_parallel_schedule", "GPipe",
+                   "--parallelism.pipeline_parallel_microbatch_size", "4",
+                   "--parallelism.data_parallel_shard_degree", "1", "--job.dump_folder", str(tmp_path), NPROC="2")
+    assert pp.returncode == 0, pp.stderr[-3000:]
+    records, single = read_metrics(tmp_path), read_metrics(single_dir)
+    for name in ("loss", "aux_loss"):
+        assert [r[name] for r in records] == pytest.approx([r[name] for r in single], rel=1e-5)
 
 
 def test_expert_parallel_degree_must_divide_the_experts():

@@ -25,7 +25,7 @@ LAYOUTS = {
     "pp2": ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.pipeline_parallel_degree", "2"],
     "ddp2": ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.data_parallel_replicate_degree", "2"],
     "cp2": ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.context_parallel_degree", "2"],
-    "ep2_moe": ["--model.name", "qwen3", "--model.flavor", "debugmodel_moe", "--model.args.n_layers", "2",
+    "ep2_moe": ["--model.name", "qwen3", "--model.flavor", "debugmodel_moe_small", "--model.args.n_layers", "2",
                 "--parallelism.data_parallel_shard_degree", "2", "--parallelism.expert_parallel_degree", "2"],
 }
 # Four ranks: the combinations (one world each costs ~10 s more than two ranks).

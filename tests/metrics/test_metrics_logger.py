@@ -106,6 +106,17 @@ def test_jsonl_has_one_object_per_log_with_the_required_keys(cfg, clock):
         assert record["memory_gib"] > 0
 
 
+def test_an_auxiliary_loss_is_logged_apart_from_the_loss(cfg, clock, dtrain_logger):
+    with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
+        clock.now += 1.0
+        ml.log(1, step_metrics(), 100)
+        assert "aux_loss" not in dtrain_logger.messages[-1]
+        clock.now += 1.0
+        ml.log(2, {**step_metrics(), "aux_loss": torch.tensor(0.0125, dtype=torch.float64)}, 100)
+    assert "loss 2.5000  aux_loss 0.0125  grad_norm" in dtrain_logger.messages[-1]
+    assert [record.get("aux_loss") for record in read_jsonl(ml_path(cfg))] == [None, 0.0125]
+
+
 def test_non_finite_loss_is_null_in_jsonl_and_nan_on_the_console(cfg, clock, dtrain_logger):
     with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.float32) as ml:
         clock.now += 1.0

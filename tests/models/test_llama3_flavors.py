@@ -52,10 +52,15 @@ def test_rope_scaling_per_release():
     assert all(args.rope_theta == 500000.0 for args in LLAMA3_FLAVORS.values())
 
 
-def test_debugmodel_is_small_and_uses_gqa():
-    args = LLAMA3_FLAVORS["debugmodel"]
-    assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads) == (256, 6, 8, 4)
-    assert count_params(_meta_model(args)) < 10_000_000
+def test_debugmodels_are_small_torchtitans_with_mha_and_ours_with_gqa():
+    # torchtitan 0.2.2's shape (tests/reference/test_torchtitan_flavors.py compares every field), and dtrain's
+    # own, which the default run (train_configs/debug_model.toml) trains so that it exercises grouped-query attention.
+    shapes = {"debugmodel": (256, 6, 16, 16), "debugmodel_gqa": (256, 6, 8, 4)}
+    for flavor, shape in shapes.items():
+        args = LLAMA3_FLAVORS[flavor]
+        assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads) == shape
+        assert args.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 8192)
+        assert count_params(_meta_model(args)) < 10_000_000
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """The Mixture-of-Experts layer: names and shapes, the output against a per-token reference and against Hugging
 Face's Qwen3-MoE and DeepSeek-V3 blocks, grouped GEMM against the per-expert loop, gradients, load counting, the
-auxiliary loss, loss-free balancing, the expert-parallel seam (``moe.experts``) and meta-device construction."""
+auxiliary loss (and its shares over ranks), loss-free balancing, the expert-parallel seam (``moe.experts``) and
+meta-device construction."""
 
 from __future__ import annotations
 
@@ -263,6 +264,38 @@ def test_aux_loss_matches_a_hand_computation_and_trains_the_gate():
     no_aux = build(MoEArgs(num_experts=4, top_k=2, hidden_dim=8)).train()
     no_aux(x)
     assert no_aux.aux_loss is None
+
+
+def test_aux_loss_shares_of_two_ranks_add_up_to_the_whole_batch_loss_and_gradient():
+    """Two "ranks" each route half of a batch; their count reduction (the seam parallelize sets to an all-reduce)
+    adds the other half's counts. Their shares then sum to one process's loss on the whole batch, and so do their
+    gradients, as data parallel sums them."""
+    args = MoEArgs(num_experts=4, top_k=2, hidden_dim=8, aux_loss_coeff=0.01)
+    whole = build(args).train()
+    x = torch.randn(4, 6, DIM)
+    whole(x)
+    whole.aux_loss.backward()
+    halves = x.chunk(2)
+    counts = []
+    for half in halves:
+        layer = build(args).train()
+        layer(half)
+        counts.append(layer.tokens_per_expert.clone())
+    shares, grads = [], []
+    for rank, half in enumerate(halves):
+        layer = build(args).train()
+        other = counts[1 - rank]
+        layer.reduce_expert_counts = lambda local, other=other: local + other
+        layer(half)
+        layer.aux_loss.backward()
+        shares.append(layer.aux_loss.detach())
+        grads.append(layer.router.gate.weight.grad)
+    torch.testing.assert_close(shares[0] + shares[1], whole.aux_loss.detach(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(grads[0] + grads[1], whole.router.gate.weight.grad, rtol=1e-5, atol=1e-9)
+    # Without the reduction each half's own statistics give another loss: the layout would show in the curve.
+    alone = build(args).train()
+    alone(halves[0])
+    assert not torch.allclose(alone.aux_loss, 2 * shares[0], rtol=1e-3)
 
 
 def test_update_expert_bias_favours_underloaded_experts_and_resets_the_counts():

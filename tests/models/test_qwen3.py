@@ -44,8 +44,9 @@ def test_qk_norm_and_independent_head_dim():
 def test_registered_as_one_spec():
     spec = get_family("qwen3")
     assert spec.model is QWEN3 and spec.name == "qwen3"
-    assert set(QWEN3.flavors) == {"debugmodel", "0.6B", "1.7B", "4B", "8B", "14B", "32B", "debugmodel_moe", "30B-A3B",
-                                  "235B-A22B"}
+    # torchtitan 0.2.2's flavors and dtrain's small MoE.
+    assert set(QWEN3.flavors) == {"debugmodel", "0.6B", "1.7B", "4B", "8B", "14B", "32B", "debugmodel_moe",
+                                  "debugmodel_moe_small", "30B-A3B", "235B-A22B"}
     assert QWEN3.flavors["0.6B"].tie_word_embeddings and not QWEN3.flavors["8B"].tie_word_embeddings
     assert "layers.*.attention.q_norm" in spec.tp_plan()
     # FLOPs count attention over n_heads * head_dim, not dim.

@@ -53,12 +53,20 @@ def test_flavors_have_the_published_shapes():
     a3b, a22b, debug = QWEN3_FLAVORS["30B-A3B"], QWEN3_FLAVORS["235B-A22B"], QWEN3_FLAVORS["debugmodel_moe"]
     assert (a3b.dim, a3b.n_layers, a3b.n_heads, a3b.n_kv_heads, a3b.head_dim) == (2048, 48, 32, 4, 128)
     assert (a22b.dim, a22b.n_layers, a22b.n_heads, a22b.n_kv_heads, a22b.head_dim) == (4096, 94, 64, 4, 128)
+    # torchtitan 0.2.2's settings (tests/reference/test_torchtitan_flavors.py): no load balancing, and the
+    # 235B's RoPE theta of the 2507 release.
+    for args in (a3b, a22b, debug):
+        assert (args.moe_top_k, args.moe_route_norm, args.moe_aux_loss_coeff, args.moe_load_balance_bias) == (
+            8, True, 0.0, False)
+        assert not args.tie_word_embeddings
     for args in (a3b, a22b):
-        assert (args.moe_num_experts, args.moe_top_k, args.moe_route_norm, args.moe_aux_loss_coeff) == (
-            128, 8, True, 0.001)
-        assert args.vocab_size == 151936 and not args.tie_word_embeddings and args.rope_theta == 1e6
+        assert args.moe_num_experts == 128 and args.vocab_size == 151936
+    assert (a3b.rope_theta, a22b.rope_theta) == (1e6, 5e6)
     assert (a3b.moe_hidden_dim, a22b.moe_hidden_dim) == (768, 1536)
-    assert debug.vocab_size == 2048 and debug.tie_word_embeddings and debug.moe_num_experts == 16
+    assert (debug.vocab_size, debug.moe_num_experts, debug.moe_hidden_dim) == (2048, 64, 768)
+    small = QWEN3_FLAVORS["debugmodel_moe_small"]  # dtrain's, for a CPU
+    assert small.vocab_size == 2048 and small.tie_word_embeddings and small.moe_num_experts == 16
+    assert small.moe_aux_loss_coeff == 0.001
     moe = a3b.moe
     assert (moe.num_experts, moe.top_k, moe.hidden_dim, moe.num_shared_experts, moe.score_func) == (
         128, 8, 768, 0, "softmax")
@@ -85,9 +93,9 @@ def test_experts_init_like_the_dense_feed_forward():
     torch.manual_seed(0)
     model = Qwen3Transformer(replace(TINY_MOE, n_layers=4, moe_hidden_dim=256))
     deep = model.layers["3"].moe
-    assert deep.router.gate.weight.std().item() == pytest.approx(0.02, rel=0.1)
     assert deep.experts.w1.std().item() == pytest.approx(0.02, rel=0.1)
-    for weight in (deep.experts.w2, deep.experts.w3):  # depth-scaled, as the dense w2/w3 of block 3
+    # depth-scaled, as the dense w2/w3 of block 3; the gate too, as torchtitan's
+    for weight in (deep.experts.w2, deep.experts.w3, deep.router.gate.weight):
         assert weight.std().item() == pytest.approx(0.02 / 8**0.5, rel=0.1)
 
 
@@ -125,8 +133,8 @@ def test_model_args_overrides_reach_the_moe_and_config_toml_rebuilds_it(tmp_path
     (tmp_path / "debug_model.toml").write_text("")  # the default config the loader starts from
 
     def load(argv):
-        return load_config(["--model.name", "qwen3", "--model.flavor", "debugmodel_moe", "--model.args.n_layers", "2",
-                            *argv], env={}, configs_dir=tmp_path)
+        return load_config(["--model.name", "qwen3", "--model.flavor", "debugmodel_moe_small", "--model.args.n_layers",
+                            "2", *argv], env={}, configs_dir=tmp_path)
 
     cfg = load(["--model.args.moe_top_k", "2", "--model.args.moe_load_balance_bias", "true"])
     args = prepare(cfg).model_args
@@ -156,7 +164,7 @@ def test_model_args_overrides_reach_the_moe_and_config_toml_rebuilds_it(tmp_path
 
 def test_trains_single_process_with_a_load_balancing_loss():
     torch.manual_seed(0)
-    args = replace(QWEN3_FLAVORS["debugmodel_moe"], n_layers=2, dim=64, n_heads=4, n_kv_heads=2, head_dim=16,
+    args = replace(QWEN3_FLAVORS["debugmodel_moe_small"], n_layers=2, dim=64, n_heads=4, n_kv_heads=2, head_dim=16,
                    vocab_size=256, max_seq_len=32)
     model = Qwen3Transformer(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

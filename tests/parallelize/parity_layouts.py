@@ -59,8 +59,8 @@ FAMILY_ARGS = {
     "llama3": ARGS,
     "qwen3": QWEN3_TINY,
     # Qwen3-MoE: 8 experts, 2 per token, with its auxiliary load-balancing loss, or with loss-free balancing
-    # instead. The auxiliary loss of a microbatch depends on which tokens it holds, so layouts that split the
-    # batch otherwise than one process's microbatches (more ranks, CP) use the loss-free model.
+    # instead. The auxiliary loss takes its statistics over a data-parallel microbatch (all dp and cp ranks'
+    # tokens of one forward), so its layouts run one process's 2 microbatches per step (Layout.microbatches=2).
     "qwen3_moe": replace(QWEN3_TINY, moe_num_experts=8, moe_top_k=2, moe_hidden_dim=32, moe_aux_loss_coeff=0.01),
     "qwen3_moe_bias": replace(
         QWEN3_TINY, moe_num_experts=8, moe_top_k=2, moe_hidden_dim=32, moe_aux_loss_coeff=0.0,
@@ -273,17 +273,19 @@ def run_steps(
     """The real train_step on the global batches of `steps`: losses, grad norms and LRs (floats), and this
     rank's memory footprint after the first of them."""
     dp_rank, dp_size = dp_rank_and_size(mesh)
-    losses, norms, rates, memory = [], [], [], None
+    losses, norms, rates, aux_losses, memory = [], [], [], [], None
     for step in steps:
         metrics = train_step(state, microbatches(step, dp_rank, dp_size, accumulation, attention_mask))
         losses.append(plain(metrics["loss"]).item())
+        if "aux_loss" in metrics:
+            aux_losses.append(metrics["aux_loss"].item())
         norms.append(plain(metrics["grad_norm"]).item())
         rates.append(float(metrics["lr"]))
         if memory is None:
             parts = zip(state.model_parts, state.optimizer.optimizers)
             footprints = [memory_footprint(part, optimizer) for part, optimizer in parts]
             memory = sum(footprints[1:], footprints[0])
-    return {"losses": losses, "grad_norms": norms, "lrs": rates, "memory": memory}
+    return {"losses": losses, "grad_norms": norms, "lrs": rates, "aux_losses": aux_losses, "memory": memory}
 
 
 def single_process_run(
@@ -428,12 +430,15 @@ def max_relative_diff(values: list[float], expected: list[float]) -> float:
 def assert_matches_single_process(
     report: dict, layout: Layout, loss_rtol: float = 1e-5, grad_norm_rtol: float | None = None
 ) -> None:
-    """Same initial weights (exactly), same losses and gradient norms over STEPS steps (by default within 10x the
-    loss tolerance; float8 and MX: see FLOAT8_GRAD_NORM_RTOL), same parameter names."""
+    """Same initial weights (exactly), same losses (and auxiliary losses) and gradient norms over STEPS steps (by
+    default within 10x the loss tolerance; float8 and MX: see FLOAT8_GRAD_NORM_RTOL), same parameter names."""
     result, reference = report[layout.name], report["reference"][layout.reference]
     assert result["init_max_diff"] == 0.0
     assert len(result["losses"]) == STEPS
     assert max_relative_diff(result["losses"], reference["losses"]) <= loss_rtol
+    assert len(result["aux_losses"]) == len(reference["aux_losses"])
+    if reference["aux_losses"]:
+        assert max_relative_diff(result["aux_losses"], reference["aux_losses"]) <= loss_rtol
     if grad_norm_rtol is None:
         low_precision_layout = layout.float8 is not None or layout.mx is not None
         grad_norm_rtol = FLOAT8_GRAD_NORM_RTOL if low_precision_layout else 10 * loss_rtol

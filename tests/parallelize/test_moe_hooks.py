@@ -1,5 +1,6 @@
-"""The MoE step hooks in one process: the auxiliary loss sum, the per-layer load statistics after a step (and
-the counts starting again), the loss-free bias moving only where configured, and the metrics' names."""
+"""The MoE step hooks in one process: the auxiliary loss sum and its number of terms, the per-layer load
+statistics after a step (and the counts starting again), the loss-free bias moving only where configured, and
+the metrics' names."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import pytest
 import torch
 
 from dtrain.parallelize import get_family
-from dtrain.parallelize.moe_hooks import after_moe_step, aux_loss_enabled, moe_aux_loss, moe_layers, moe_step_metrics
+from dtrain.parallelize.moe_hooks import (
+    after_moe_step,
+    aux_loss_enabled,
+    moe_aux_loss,
+    moe_aux_loss_terms,
+    moe_layers,
+    moe_step_metrics,
+)
 
 from parity_layouts import FAMILY_ARGS
 
@@ -20,12 +28,14 @@ def moe_model(name: str) -> torch.nn.Module:
     return model
 
 
-def test_aux_loss_is_the_mean_over_layers_and_only_where_enabled():
+def test_aux_loss_is_the_sum_over_layers_and_only_where_enabled():
     model = moe_model("qwen3_moe")
     layers = moe_layers([model])
     assert len(layers) == 2 and all(moe.aux_loss is not None for moe in layers)
-    assert torch.equal(moe_aux_loss([model]), (layers[0].aux_loss + layers[1].aux_loss) / 2)
-    assert moe_aux_loss([moe_model("qwen3_moe_bias")]) is None
+    assert torch.equal(moe_aux_loss([model]), layers[0].aux_loss + layers[1].aux_loss)
+    assert moe_aux_loss_terms([model]) == 2
+    bias_model = moe_model("qwen3_moe_bias")
+    assert moe_aux_loss([bias_model]) is None and moe_aux_loss_terms([bias_model]) == 0
     assert aux_loss_enabled(FAMILY_ARGS["qwen3_moe"]) and not aux_loss_enabled(FAMILY_ARGS["qwen3_moe_bias"])
     assert not aux_loss_enabled(FAMILY_ARGS["qwen3"])
 
@@ -45,7 +55,7 @@ def test_after_a_step_the_load_statistics_are_kept_and_the_counts_start_again(na
         if bias is not None:  # underloaded experts become likelier picks
             assert torch.equal(moe.expert_bias - bias, 1e-3 * torch.sign(load.mean() - load))
     assert metrics["moe/load_imbalance_max"] == max(metrics[f"moe/layers.{i}/load_imbalance"] for i in range(2))
-    assert ("moe/aux_loss" in metrics) == (name == "qwen3_moe")
+    assert set(metrics) == {"moe/layers.0/load_imbalance", "moe/layers.1/load_imbalance", "moe/load_imbalance_max"}
 
 
 def test_dense_models_have_no_moe_metrics():

@@ -1,7 +1,8 @@
-"""Qwen3-MoE under FSDP2 and expert parallel on 2 ranks (also with full and op-level AC, and compiled), and under tensor parallel
-with and without sequence parallel, with the auxiliary load-balancing loss (each rank's microbatch is one of one
-process's, so the loss terms agree); DeepSeek-V3 (shared experts split over tp) under TP: parity with one process
-(fp32, 1e-5)."""
+"""Qwen3-MoE with its auxiliary load-balancing loss under FSDP2 and expert parallel on 2 ranks (also with full and
+op-level AC, and compiled), with context parallel, and under tensor parallel with and without sequence parallel;
+DeepSeek-V3 (shared experts split over tp) under TP: parity with one process (fp32, 1e-5), the auxiliary loss
+included. The loss takes its statistics over the data-parallel microbatch (models/moe.py), so every layout runs
+one process's 2 microbatches per step: each rank holds its part of the same 4 sequences."""
 
 import pytest
 
@@ -10,16 +11,19 @@ from parity_layouts import Layout, parity_tests
 pytestmark = pytest.mark.multiprocess
 
 LAYOUTS = [
-    Layout("moe_fsdp", dict(dp_shard=2), family="qwen3_moe"),
-    Layout("moe_ep2", dict(dp_shard=2, ep=2), family="qwen3_moe"),
-    Layout("moe_ep2_ac_full", dict(dp_shard=2, ep=2), dict(ac_mode="full"), family="qwen3_moe"),
+    Layout("moe_fsdp", dict(dp_shard=2), microbatches=2, family="qwen3_moe"),
+    Layout("moe_ep2", dict(dp_shard=2, ep=2), microbatches=2, family="qwen3_moe"),
+    # Recomputation repeats the counts' all-reduce (on every rank alike).
+    Layout("moe_ep2_ac_full", dict(dp_shard=2, ep=2), dict(ac_mode="full"), microbatches=2, family="qwen3_moe"),
     # Op-level AC keeps the all-to-alls' and grouped matmuls' outputs; the experts' FSDP unit runs inside the block.
     Layout("moe_ep2_ac_op", dict(dp_shard=2, ep=2), dict(ac_mode="selective", selective_ac_option="op"),
-           family="qwen3_moe"),
+           microbatches=2, family="qwen3_moe"),
     # MoE blocks compile with graph breaks (host-read token counts, the experts' own FSDP unit): see compile.py.
     Layout("moe_ep2_compile", dict(dp_shard=2, ep=2), dict(compile_model=True, compile_backend="aot_eager"),
-           family="qwen3_moe"),
-    # TP ranks see the same batch: two microbatches per step, as one process, so the auxiliary losses agree.
+           microbatches=2, family="qwen3_moe"),
+    # Each cp rank routes its part of every sequence: the counts are summed over cp as over dp.
+    Layout("moe_cp2_ep2", dict(dp_shard=1, cp=2, ep=2), microbatches=2, family="qwen3_moe"),
+    # TP ranks route the same tokens and are outside the counts' reduction: nothing is counted twice.
     Layout("moe_tp2", dict(dp_shard=1, tp=2), microbatches=2, family="qwen3_moe"),
     Layout("moe_tp2_no_sp", dict(dp_shard=1, tp=2, sequence_parallel=False), microbatches=2, family="qwen3_moe"),
     Layout("deepseek_v3_tp2", dict(dp_shard=1, tp=2), family="deepseek_v3"),

@@ -1,5 +1,7 @@
 """Qwen3-MoE with loss-free load balancing on 4 ranks: FSDP2, expert parallel over 2 and 4 ranks (experts FSDP-sharded
-over the rest), with context parallel, with activation checkpointing, with tensor parallel and with HSDP;
+over the rest), with context parallel, with activation checkpointing, with tensor parallel and with HSDP; Qwen3-MoE
+with its auxiliary loss (statistics over the data-parallel microbatch, so 2 microbatches per step as one process)
+under EP 4 x FSDP 4, EP 2 x TP 2 and HSDP x EP 2;
 DeepSeek-V3 (latent attention, group-limited sigmoid routing, shared experts) with expert parallel over 2 and 4,
 with tensor parallel and with HSDP: parity with one process (fp32, 1e-5). The per-expert biases move by the token
 counts of all ranks, so every layout routes like one process."""
@@ -24,6 +26,9 @@ LAYOUTS = [
     Layout("deepseek_v3_ep2_tp2", dict(dp_shard=2, tp=2, ep=2), family="deepseek_v3"),
     Layout("moe_hsdp_ep2", dict(dp_replicate=2, dp_shard=2, ep=2), family=MODEL),
     Layout("deepseek_v3_hsdp_ep2", dict(dp_replicate=2, dp_shard=2, ep=2), family="deepseek_v3"),
+    Layout("moe_aux_ep4_fsdp4", dict(dp_shard=4, ep=4), microbatches=2, family="qwen3_moe"),
+    Layout("moe_aux_ep2_tp2", dict(dp_shard=2, tp=2, ep=2), microbatches=2, family="qwen3_moe"),
+    Layout("moe_aux_hsdp_ep2", dict(dp_replicate=2, dp_shard=2, ep=2), microbatches=2, family="qwen3_moe"),
 ]
 
 report, test_layout_matches_single_process = parity_tests(4, LAYOUTS)

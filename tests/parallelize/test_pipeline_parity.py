@@ -1,5 +1,6 @@
-"""Pipeline parallel parity: every schedule trains like one process (2 ranks, pp=2, one world for all), and two
-with document masking, whose document ids every stage needs.
+"""Pipeline parallel parity: every schedule trains like one process (2 ranks, pp=2, one world for all), two with
+document masking, whose document ids every stage needs, and Qwen3-MoE with its auxiliary loss, which each stage
+adds to its own backward (one and two stages per rank, and a split backward).
 
 Each layout is built as the trainer builds it: plan, cut the meta model into this rank's stages, parallelize each
 stage on the (pp, dp_replicate, dp_shard, tp) mesh, materialize, initialise like one device, and put the stages
@@ -118,6 +119,14 @@ SCHEDULES_2_RANKS = [
     PipelineLayout("dualpipev", "DualPipeV", microbatch_size=1),
     PipelineLayout("qwen3_1f1b", "1F1B", family="qwen3"),
     PipelineLayout("qwen3_zbv_zero_bubble", "ZBVZeroBubble", family="qwen3"),
+    # The auxiliary loss's statistics are those of a pipeline microbatch: of 4 sequences, as one process's.
+    PipelineLayout("qwen3_moe_1f1b", "1F1B", microbatch_size=4, family="qwen3_moe"),
+    PipelineLayout("qwen3_moe_interleaved_1f1b", "Interleaved1F1B", microbatch_size=4, family="qwen3_moe"),
+    *(
+        [PipelineLayout("qwen3_moe_zbv_zero_bubble", "ZBVZeroBubble", microbatch_size=4, family="qwen3_moe")]
+        if SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS
+        else []
+    ),
     # Document ids reach every stage as a keyword argument of the schedule: one stage per rank, and two (V-shaped,
     # with the weight-gradient pass split off).
     PipelineLayout("1f1b_block_causal", "1F1B", attention_mask="block_causal"),
@@ -236,6 +245,10 @@ def assert_matches_single_process(report: dict, layout: PipelineLayout) -> None:
     assert max((result["initial"][k] - v).abs().max().item() for k, v in reference["initial"].items()) == 0.0
     assert len(result["losses"]) == STEPS
     assert max_relative_diff(result["losses"], reference["losses"]) <= layout.loss_rtol, name
+    # The auxiliary loss (MoE), summed over the stages, as one process reports it.
+    assert len(result["aux_losses"]) == len(reference["aux_losses"]), name
+    if reference["aux_losses"]:
+        assert max_relative_diff(result["aux_losses"], reference["aux_losses"]) <= layout.loss_rtol, name
     assert max_relative_diff(result["grad_norms"], reference["grad_norms"]) <= layout.grad_norm_rtol, name
     assert result["lrs"] == reference["lrs"]
     assert result["losses"][-1] < result["losses"][0]

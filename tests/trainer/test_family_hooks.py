@@ -1,5 +1,6 @@
 """A family's optional step hooks (FamilySpec.extra_loss, FamilySpec.after_optimizer_step) reach the step through
-the executor the trainer builds for it; pipeline parallelism refuses an extra loss term before launch."""
+the executor the trainer builds for it; the extra term is reported apart from the loss; pipeline parallelism
+refuses it before launch only where torch cannot split its backward."""
 
 from dataclasses import replace
 
@@ -36,33 +37,38 @@ def state_for(family: FamilySpec) -> TrainState:
     return TrainState([model], optimizer, scheduler, NoData(), executor, seed=0, max_norm=0.0)
 
 
-def step_gradients(family: FamilySpec, microbatches: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """One train_step's gradients, as a hook right after the optimizer step sees them, and its reported loss."""
+def step_gradients(family: FamilySpec, microbatches: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One train_step's gradients, as a hook right after the optimizer step sees them, and its metrics."""
     seen = {}
 
     def keep_gradients(model_parts):
         seen.update({name: p.grad.clone() for name, p in model_parts[0].named_parameters()})
 
     state = state_for(replace(family, after_optimizer_step=keep_gradients))
-    metrics = train_step(state, split(0, microbatches))
-    return seen, metrics["loss"]
+    return seen, train_step(state, split(0, microbatches))
 
 
 @pytest.mark.parametrize("microbatches", [1, 4])
-def test_extra_loss_is_added_to_the_objective_once_per_step(microbatches):
+@pytest.mark.parametrize("terms", [1, 2])
+def test_extra_loss_is_added_to_the_objective_once_per_step(microbatches, terms):
     calls = []
 
     def norm_weight_term(model_parts):
         calls.append(model_parts)
-        return COEFF * model_parts[0].norm.weight.sum()
+        return terms * COEFF * model_parts[0].norm.weight.sum()
 
-    plain, plain_loss = step_gradients(LLAMA3, microbatches)
-    extra, extra_loss = step_gradients(replace(LLAMA3, extra_loss=norm_weight_term), microbatches)
+    family = replace(LLAMA3, extra_loss=norm_weight_term, extra_loss_terms=lambda model_parts: terms)
+    plain, plain_metrics = step_gradients(LLAMA3, microbatches)
+    extra, extra_metrics = step_gradients(family, microbatches)
     assert len(calls) == microbatches  # once per microbatch, after its forward
+    # The mean of the terms (the sum over their number) counts once per step.
     torch.testing.assert_close(extra.pop("norm.weight"), plain.pop("norm.weight") + COEFF)
     for name, grad in plain.items():
         torch.testing.assert_close(extra[name], grad, rtol=0, atol=0)
-    assert extra_loss == plain_loss  # the reported loss is the cross-entropy alone
+    assert extra_metrics["loss"] == plain_metrics["loss"]  # the reported loss is the cross-entropy alone
+    # ... and the term apart, as it entered the objective (the norm weights are ones at init).
+    torch.testing.assert_close(extra_metrics["aux_loss"], torch.tensor(COEFF * ARGS.dim))
+    assert "aux_loss" not in plain_metrics
 
 
 def test_extra_loss_of_none_adds_nothing():
@@ -90,10 +96,21 @@ def test_after_optimizer_step_runs_once_per_step_after_the_update():
     assert had_gradients  # the gradients are not cleared yet
 
 
-def test_extra_loss_under_pipeline_parallelism_is_refused_before_launch():
+@pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble"])
+def test_extra_loss_under_pipeline_parallelism_is_refused_only_where_torch_cannot_split_its_backward(
+    schedule, monkeypatch
+):
     cfg = JobConfig()
     cfg.parallelism.pipeline_parallel_degree = 2
-    check_layout(cfg, 2, LLAMA3, ARGS)  # the layout itself runs
+    cfg.parallelism.pipeline_parallel_schedule = schedule
     family = replace(LLAMA3, extra_loss=lambda model_parts: None)
-    with pytest.raises(ConfigError, match="adds an extra loss term, which pipeline parallelism does not support"):
+    monkeypatch.setattr("dtrain.parallelize.family_spec.SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS", True)
+    check_layout(cfg, 2, family, ARGS)  # torch >= 2.13 runs every schedule with it
+    monkeypatch.setattr("dtrain.parallelize.family_spec.SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS", False)
+    check_layout(cfg, 2, LLAMA3, ARGS)  # without an extra term every schedule runs
+    if schedule == "1F1B":
         check_layout(cfg, 2, family, ARGS)
+    else:
+        with pytest.raises(ConfigError, match="adds an extra loss term, which torch .* cannot run under "
+                                              "parallelism.pipeline_parallel_schedule=ZBVZeroBubble"):
+            check_layout(cfg, 2, family, ARGS)
