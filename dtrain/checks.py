@@ -80,20 +80,39 @@ def _agreeing_with(start: HFStart, overrides: dict[str, Any], tie: bool | None) 
     return apply_overrides(start.family.model, start.args, {k: v for k, v in overrides.items() if k in run_fields})
 
 
-def prepare(cfg: JobConfig) -> Prepared:
+def model_family(cfg: JobConfig) -> tuple[FamilySpec, HFStart | None]:
+    """The run's model family, and the Hugging Face config.json it starts from if any (which then decides family
+    and shape); model.name becomes the family's name and, for such a start, model.flavor empty: the shape came
+    from no flavor. Training, the estimator and the tools resolve it alike."""
     start = hf_start(cfg)
     try:
         family = start.family if start is not None else get_family(cfg.model.name)
     except ValueError as err:
         raise ConfigError(f"model.name: {err}") from None
     cfg.model.name = family.name
-    tokenizer = build_tokenizer(cfg.model)
-    args = model_args(cfg, family.model, tokenizer.vocab_size, start)
-    # The run's config.toml records the whole shape it trains, so that it rebuilds the same model by itself; a
-    # shape read from a Hugging Face config.json came from no flavor, and the record names none.
-    cfg.model.args = shape_table(args)
     if start is not None:
         cfg.model.flavor = ""
+    return family, start
+
+
+def model_description(cfg: JobConfig) -> str:
+    """The model, as the lines that name it say: family and flavor, or, for a config with no flavor, where its
+    shape comes from (the Hugging Face folder the run starts from, else [model.args], which then gives every
+    field)."""
+    m, c = cfg.model, cfg.checkpoint
+    if m.flavor:
+        return f"{m.name} {m.flavor}"
+    if c.initial_load_in_hf and c.initial_load_path:
+        return f"{m.name} (from {c.initial_load_path})"
+    return f"{m.name}, shape as given by model.args"
+
+
+def prepare(cfg: JobConfig) -> Prepared:
+    family, start = model_family(cfg)
+    tokenizer = build_tokenizer(cfg.model)
+    args = model_args(cfg, family.model, tokenizer.vocab_size, start)
+    # The run's config.toml records the whole shape it trains, so that it rebuilds the same model by itself.
+    cfg.model.args = shape_table(args)
     check_layout(cfg, world_size_from_env(), family, args)
     check_checkpoint_config(cfg, world_size_from_env())
     check_wandb_installed(cfg.metrics.enable_wandb)

@@ -106,11 +106,10 @@ def _hf_eos_ids(folder: Path) -> tuple[int, ...]:
 
 def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, dtype: torch.dtype) -> Loaded:
     from dtrain.checkpoint.hf_io import token_ids
-    from dtrain.checks import model_args
+    from dtrain.checks import model_args, model_family
     from dtrain.config import load_config
     from dtrain.data import build_tokenizer
     from dtrain.hf_start import hf_start
-    from dtrain.parallelize import get_family
 
     checkpoint = resolve_checkpoint(opts.checkpoint, opts.hf)
     cfg = load_config(_config_argv(opts, rest, checkpoint))
@@ -126,12 +125,9 @@ def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, 
         args = model_args(cfg, family.model, tokenizer.vocab_size if tokenizer else 0, start)
         eos_ids = _hf_eos_ids(checkpoint)
     else:
-        try:
-            family = get_family(cfg.model.name)
-        except ValueError as err:
-            raise ConfigError(f"model.name: {err}") from None
+        family, start = model_family(cfg)  # as training resolves it: the run's config may name no flavor
         tokenizer = build_tokenizer(cfg.model)
-        args = model_args(cfg, family.model, tokenizer.vocab_size)
+        args = model_args(cfg, family.model, tokenizer.vocab_size, start)
         # Those its Hugging Face export carries (to-hf), so that both stop at the same token.
         eos = token_ids(cfg.model, cfg.checkpoint)["eos_token_id"]
         eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)

@@ -18,7 +18,7 @@ import torch
 
 from dtrain.config import to_toml
 from dtrain.config.toml_io import config_to_dict
-from dtrain.checks import Prepared
+from dtrain.checks import Prepared, model_description
 from dtrain.checkpoint import CheckpointManager, PreemptionWatcher
 from dtrain.compile_cache import PortableCompileCache
 from dtrain.compile_report import report_file, watch_graph_breaks, write_compile_report
@@ -139,8 +139,8 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             run_config=config_to_dict(cfg),
         )
         logger.info(
-            "model %s %s: %.3fM parameters; %s; %d microbatch(es) of %d x %d per step on each of %d dp rank(s)",
-            cfg.model.name, cfg.model.flavor, whole_model_params(family.model, args) / 1e6, describe_layout(layout),
+            "model %s: %.3fM parameters; %s; %d microbatch(es) of %d x %d per step on each of %d dp rank(s)",
+            model_description(cfg), whole_model_params(family.model, args) / 1e6, describe_layout(layout),
             accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.rank.dp_size,
         )
         log_parallel_plans(family, layout)

@@ -35,7 +35,7 @@ DTYPES = dcp_io.EXPORT_DTYPES  # the dtypes of checkpoint.export_dtype
 def run_config_args(checkpoint: Path, config: Path | None):
     """(family name, model args, the run's config) of the run that wrote `checkpoint`, from its resolved
     config.toml."""
-    from dtrain.checks import model_args
+    from dtrain.checks import model_args, model_family
     from dtrain.config import load_config
     from dtrain.data import build_tokenizer
 
@@ -43,8 +43,8 @@ def run_config_args(checkpoint: Path, config: Path | None):
     if not config.is_file():
         raise DtrainError(f"{config} not found; pass --config with the run's config.toml")
     cfg = load_config(["--config", str(config)])
-    family = get_family(cfg.model.name).model
-    return cfg.model.name, model_args(cfg, family, build_tokenizer(cfg.model).vocab_size), cfg
+    family, start = model_family(cfg)  # as training resolves it: the config may name no flavor
+    return family.name, model_args(cfg, family.model, build_tokenizer(cfg.model).vocab_size, start), cfg
 
 
 def expected_shapes(family_name: str, args) -> dict[str, tuple[int, ...]]:

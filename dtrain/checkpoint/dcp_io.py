@@ -129,7 +129,7 @@ def check_weights_fit(
         if stored != tuple(tensor.shape):
             raise DtrainError(
                 f"checkpoint {path} holds {name(key)} with shape {list(stored)}, this model's is "
-                f"{list(tensor.shape)} (model.flavor, vocabulary or tie_word_embeddings differ)"
+                f"{list(tensor.shape)} (model.flavor or model.args, vocabulary or tie_word_embeddings differ)"
             )
 
 

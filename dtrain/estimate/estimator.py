@@ -23,16 +23,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dtrain.checks import model_args
+from dtrain.checks import model_args, model_description, model_family
 from dtrain.config.schema import JobConfig
 from dtrain.data.tokenizer import build_tokenizer
 from dtrain.distributed import World
 from dtrain.errors import DataError
 from dtrain.estimate.communication import Collective, StepShape, intra_node, step_collectives
 from dtrain.estimate.hardware import Hardware
+from dtrain.hf_start import HFStart
 from dtrain.layout import build_layout, check_layout, parallel_dims
 from dtrain.memory_preflight import MemoryEstimate, Workload, estimate_memory
-from dtrain.parallelize import get_family
+from dtrain.model_args import base_args, typed_overrides
+from dtrain.parallelize import FamilySpec
 from dtrain.parallelize.pipeline_bubble import bubble_fraction
 from dtrain.parallelize.pipeline_split import StageModule, split_model
 
@@ -134,24 +136,24 @@ def recompute_factor(cfg: JobConfig) -> float:
     return 1.0
 
 
-def _vocab_size(cfg: JobConfig, family, notes: list[str]) -> int:
-    """The tokenizer's vocabulary, or the flavor's when the tokenizer is not on this machine (planning a run
-    before downloading anything)."""
+def _vocab_size(cfg: JobConfig, family: FamilySpec, start: HFStart | None, notes: list[str]) -> int:
+    """The tokenizer's vocabulary, or, when the tokenizer is not on this machine (planning a run before
+    downloading anything), the model's own: its flavor's or [model.args]', or that of the config.json it starts
+    from."""
     try:
         return build_tokenizer(cfg.model).vocab_size
     except DataError:
-        vocab = family.model.flavors[cfg.model.flavor].vocab_size
-        notes.append(f"tokenizer not found at model.hf_assets_path: vocabulary of the flavor ({vocab})")
-        return vocab
+        model, m = family.model, cfg.model
+        shape = start.args if start is not None else base_args(model, m.flavor, typed_overrides(model, m.args))
+        notes.append(f"tokenizer not found at model.hf_assets_path: the model's own vocabulary ({shape.vocab_size})")
+        return shape.vocab_size
 
 
 def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
     """Estimate the run `cfg` describes on `world_size` devices of `hardware`."""
     notes: list[str] = []
-    family = get_family(cfg.model.name)
-    if cfg.model.flavor not in family.model.flavors:
-        model_args(cfg, family.model, 1)  # its one-line refusal
-    args = model_args(cfg, family.model, _vocab_size(cfg, family, notes))
+    family, start = model_family(cfg)  # as training resolves them: a run's config.toml may name no flavor
+    args = model_args(cfg, family.model, _vocab_size(cfg, family, start, notes), start)
     check_layout(cfg, world_size, family, args)
     dims = parallel_dims(cfg.parallelism, world_size)
     t = cfg.training
@@ -207,7 +209,7 @@ def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
     exposed = sum(s for c, s in zip(busiest.collectives, comm_s.values()) if not c.overlapped)
     step_s = (max(compute_s, overlapped) + exposed) / (1 - bubble)
     description = (
-        f"{cfg.model.name} {cfg.model.flavor}, {world_size} x {hardware.name}: dp_replicate {dims.dp_replicate}, "
+        f"{model_description(cfg)}, {world_size} x {hardware.name}: dp_replicate {dims.dp_replicate}, "
         f"dp_shard {dims.dp_shard}, tp {dims.tp}, pp {dims.pp}, cp {dims.cp}, ep {dims.ep}; global batch "
         f"{global_batch} x {seq_len}, AC {cfg.activation_checkpoint.mode}, {t.mixed_precision_param}"
     )

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
+from dtrain.checks import model_family
 from dtrain.config.schema import JobConfig
 from dtrain.errors import ConfigError
 from dtrain.estimate.estimator import estimate, fake_world
 from dtrain.estimate.hardware import Hardware
 from dtrain.layout import build_layout, parallel_dims
-from dtrain.parallelize import get_family
 from dtrain.parallelize.pipeline_split import split_model
 
 
@@ -74,7 +74,7 @@ def advise_microbatch(cfg: JobConfig, world_size: int, hardware: Hardware, devic
     t = cfg.training
     global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dims.dp_size
     per_rank = global_batch // dims.dp_size
-    family = get_family(cfg.model.name)
+    family, _ = model_family(cfg)
     candidates = []
     for b in candidate_sizes(t.local_batch_size):
         trial = copy.deepcopy(cfg)

@@ -195,8 +195,8 @@ _TORCHTITAN_DEBUG = dict(
 
 DEEPSEEK_V3_FLAVORS: dict[str, DeepSeekV3Args] = {
     "debugmodel": _torchtitan(**_TORCHTITAN_DEBUG),
-    # The same model; torchtitan's flex attention with its block-causal mask is dtrain's
-    # training.attention_mask = "block_causal", a setting of the run.
+    # The same model: its flex attention computes the same function, and its block-causal mask is dtrain's
+    # document masking (training.attention_mask), a setting of the run.
     "debugmodel_flex_attn": _torchtitan(**_TORCHTITAN_DEBUG),
     # dtrain's CPU shape with every path of the 671B's MoE on: small heads, 8 experts in 4 groups, 2 groups per
     # token, sigmoid scores renormalised, a shared expert, loss-free balancing; plain RoPE.
@@ -210,7 +210,8 @@ DEEPSEEK_V3_FLAVORS: dict[str, DeepSeekV3Args] = {
     "16B": _torchtitan(
         dim=2048, n_layers=27, n_dense_layers=1, hidden_dim=10944, n_heads=16, q_lora_rank=0, kv_lora_rank=512,
         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, vocab_size=102400,
-        rope_scaling=_torchtitan_yarn(0.70), moe_num_experts=64, moe_top_k=6, moe_hidden_dim=1408, moe_num_shared_experts=2, moe_score_func="softmax",
+        rope_scaling=_torchtitan_yarn(0.70), moe_num_experts=64, moe_top_k=6, moe_hidden_dim=1408,
+        moe_num_shared_experts=2, moe_score_func="softmax",
     ),
     # DeepSeek-V2's shape (236B parameters, 21B active): softmax routing over 160 experts in 8 groups, 3 per token.
     "236B": _torchtitan(

@@ -160,6 +160,27 @@ def test_yarn_table_and_scales():
     torch.testing.assert_close(plain[1, 0], torch.tensor(math.cos(1.0)))
 
 
+def test_torchtitans_yarn_rule_and_norm_eps():
+    # torchtitan 0.2.2 applies YaRN only when max_seq_len exceeds the original context, gives the latent norms
+    # norm_eps and the final norm no eps (its dtype's); TINY's original context is 16.
+    args = replace(TINY, rope_scaling_beyond_original_only=True, latent_norm_eps=1e-5, final_norm_dtype_eps=True)
+    for max_seq_len, yarn in ((16, False), (17, True)):
+        model = DeepSeekV3Transformer(replace(args, max_seq_len=max_seq_len))
+        scaling = TINY.rope_scaling if yarn else None
+        table = precompute_yarn_rope_cache(TINY.qk_rope_head_dim, max_seq_len, TINY.rope_theta, scaling)
+        torch.testing.assert_close(model.rope_cache, table, atol=0, rtol=0)
+        query_scale = model.layers["0"].attention.query_scale
+        assert query_scale == softmax_scale_factor(scaling) and (query_scale > 1) == yarn
+    assert model.layers["0"].attention.kv_norm.eps == 1e-5 and model.norm.eps is None
+    x = torch.full((1, TINY.dim), 1e-4)  # mean square 1e-8: the eps (1.2e-7 in float32) dominates
+    expected = x * torch.rsqrt(torch.tensor(1e-8 + torch.finfo(torch.float32).eps))
+    torch.testing.assert_close(model.norm(x), expected)
+    # Hugging Face's rule, the default: YaRN at every length, latent eps 1e-6, the final norm's eps norm_eps.
+    model = DeepSeekV3Transformer(replace(TINY, max_seq_len=16))
+    assert model.layers["0"].attention.query_scale == softmax_scale_factor(TINY.rope_scaling) > 1
+    assert model.layers["0"].attention.kv_norm.eps == 1e-6 and model.norm.eps == TINY.norm_eps
+
+
 def test_yarn_frequencies_match_transformers():
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS

@@ -27,6 +27,8 @@ from dtrain.models.deepseek_v3.yarn import YarnScaling
 from dtrain.models.llama3 import LLAMA3_FLAVORS, Llama3Args, RopeScaling
 from dtrain.models.qwen3 import QWEN3_FLAVORS, Qwen3Args
 
+pytestmark = pytest.mark.slow  # each case starts torchtitan in a subprocess
+
 SCRIPT = Path(__file__).with_name("torchtitan_models.py")
 FLAVORS = {"llama3": (LLAMA3_FLAVORS, Llama3Args), "qwen3": (QWEN3_FLAVORS, Qwen3Args),
            "deepseek_v3": (DEEPSEEK_V3_FLAVORS, DeepSeekV3Args)}
@@ -169,8 +171,8 @@ def test_every_torchtitan_flavor_is_dtrains_field_for_field(tmp_path, family):
 def test_deepseek_debugmodel_computes_torchtitans_logits(tmp_path, max_seq_len):
     """What torchtitan's DeepSeek-V3 forward reads beyond the shapes (the norms' eps: block, latent and final;
     YaRN and the length it starts at; the softmax scale; softmax routing with shared experts) gives its logits
-    from its own weights. Its experts run their float32 loop, as torchtitan's update_from_config sets off SM90."""
-    overrides = {"max_seq_len": max_seq_len, "moe_args.use_grouped_mm": False}
+    from its own weights."""
+    overrides = {"max_seq_len": max_seq_len}
     torchtitan_run("deepseek_v3", tmp_path / "forward.json", "debugmodel", json.dumps(overrides), "--forward")
     saved = torch.load(tmp_path / "forward.pt")
     (tmp_path / "forward.pt").unlink()  # 130 MB of weights

@@ -24,6 +24,8 @@ from torchtitan_models import param_stats
 
 from dtrain.parallelize import get_family
 
+pytestmark = pytest.mark.slow  # each case starts torchtitan in a subprocess
+
 # family, flavor, torchtitan's overrides, dtrain's same overrides (fewer layers and experts keep the MoE small).
 CASES = {
     "llama3": ("llama3", "debugmodel", {}, {}),

@@ -9,7 +9,7 @@ materialised and initialised by its own ``init_weights`` after ``torch.manual_se
 does. The test process imports ``param_stats`` from here to describe dtrain's models the same way.
 
 With ``--forward`` it also saves OUT.pt: ``{"state_dict": ..., "tokens": ..., "logits": ...}``, the model's
-weights and its logits on seeded random tokens.
+weights and its logits on seeded random tokens, with its MoE computed in float32 on the CPU (torchtitan_moe_cpu.py).
 """
 
 from __future__ import annotations
@@ -53,20 +53,8 @@ def _with_overrides(args, overrides: dict):
 FORWARD_TOKENS = (2, 32)
 
 
-def _count_integers_with_histc() -> None:
-    """torchtitan's MoE counts the tokens per expert with ``torch.histc`` of the int64 expert ids, which has no CPU
-    kernel for integers; the same ids as floats give the same counts, returned in the ids' dtype as on a GPU."""
-    histc = torch.histc
-
-    def histc_of_any_dtype(input, *args, **kwargs):
-        if input.is_floating_point():
-            return histc(input, *args, **kwargs)
-        return histc(input.float(), *args, **kwargs).to(input.dtype)
-
-    torch.histc = histc_of_any_dtype
-
-
 def main(family: str, out: Path, flavor: str | None, overrides: dict, forward: bool) -> None:
+    from torchtitan_moe_cpu import run_moe_in_float32_on_cpu
     from triton_stub import install_triton_stub
 
     install_triton_stub()
@@ -78,6 +66,7 @@ def main(family: str, out: Path, flavor: str | None, overrides: dict, forward: b
         args = _with_overrides(spec.model_args[flavor], overrides)
         # update_from_config sets it from the run (DeepSeek-V3's MoE reads it at construction).
         args.moe_impl = "standard"
+        run_moe_in_float32_on_cpu(args)
         with torch.device("meta"):
             model = spec.model_cls(args)
         model.to_empty(device="cpu")
@@ -86,7 +75,6 @@ def main(family: str, out: Path, flavor: str | None, overrides: dict, forward: b
             model.init_weights(buffer_device=torch.device("cpu"))
         result["init"] = param_stats(model)
         if forward:
-            _count_integers_with_histc()
             tokens = torch.randint(0, args.vocab_size, FORWARD_TOKENS, generator=torch.Generator().manual_seed(0))
             with torch.no_grad():
                 logits = model(tokens)

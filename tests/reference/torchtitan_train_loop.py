@@ -1,6 +1,6 @@
 """torchtitan 0.2.2's training, from its own components, in the order its Trainer calls them (one process, CPU).
 
-    python torchtitan_train_loop.py OUT_DIR --job.config_file FILE [--section.key value ...]
+    python torchtitan_train_loop.py OUT_DIR --job.config_file FILE [--section.key value ...] [--model.args.NAME V]
 
 torchtitan's full Trainer does not start on a CPU (it calls `torch.cuda.set_device`), so this script does what
 `Trainer.__init__` and `Trainer.train_step` do with a world of one: parse the job config with torchtitan's
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from torchtitan_moe_cpu import run_moe_in_float32_on_cpu
 from triton_stub import install_triton_stub
 
 
@@ -39,8 +40,22 @@ def dtrain_batches(argv: list[str]):
         yield batch
 
 
+def split_model_args(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """torchtitan's command line, and dtrain's `--model.args.NAME VALUE` flags (a shape change torchtitan's CLI does
+    not have) as {NAME: VALUE}: they are set on torchtitan's flavor args, where the names are the same."""
+    rest, shape = [], {}
+    flags = iter(argv)
+    for flag in flags:
+        if flag.startswith("--model.args."):
+            shape[flag.removeprefix("--model.args.")] = next(flags)
+        else:
+            rest.append(flag)
+    return rest, shape
+
+
 def main(out: Path, argv: list[str]) -> None:
     install_triton_stub()
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torchtitan.components.loss import IGNORE_INDEX
     from torchtitan.config import ConfigManager
@@ -49,14 +64,20 @@ def main(out: Path, argv: list[str]) -> None:
     from torchtitan.protocols.train_spec import get_train_spec
     from torchtitan.tools.utils import set_default_dtype
 
-    job = ConfigManager().parse_args(argv)
+    torchtitan_argv, shape = split_model_args(argv)
+    job = ConfigManager().parse_args(torchtitan_argv)
+    # A world of one, as torchrun gives the Trainer: torchtitan's MoE updates reduce over the process group.
+    dist.init_process_group("gloo", store=dist.FileStore(str(out / "store"), 1), rank=0, world_size=1)
     device = torch.device("cpu")
     dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
     dist_utils.set_determinism(dims, device, job.debug, distinct_seed_mesh_dims=["pp"])
     spec = get_train_spec(job.model.name)
 
     model_args = spec.model_args[job.model.flavor]
+    for name, value in shape.items():
+        setattr(model_args, name, type(getattr(model_args, name))(value))
     model_args.update_from_config(job)
+    run_moe_in_float32_on_cpu(model_args)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[job.training.dtype]
     with torch.device("meta"), set_default_dtype(dtype):
         model = spec.model_cls(model_args)
@@ -94,6 +115,7 @@ def main(out: Path, argv: list[str]) -> None:
             lr_schedulers.step()
             record = {"step": step, "loss": torch.stack(losses).sum().item(), "grad_norm": grad_norm.item(), "lr": lr}
             records.write(json.dumps(record) + "\n")
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
