@@ -51,10 +51,13 @@ def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int, start:
             multiple = cfg.model.vocab_size_multiple_of
             vocab_size = -(-tokenizer_vocab // multiple) * multiple
         if vocab_size < tokenizer_vocab:
-            where = "model.args.vocab_size" if "vocab_size" in overrides else f"model.flavor '{cfg.model.flavor}'"
+            where = (
+                f"model.args.vocab_size={vocab_size} is" if "vocab_size" in overrides
+                else f"model.flavor '{cfg.model.flavor}' has vocab_size {vocab_size},"
+            )
             raise ConfigError(
-                f"{where} has vocab_size {vocab_size}, fewer than the tokenizer's {tokenizer_vocab} tokens (valid: "
-                f"model.args.vocab_size >= {tokenizer_vocab}, or model.vocab_size_from_tokenizer = true)"
+                f"{where} smaller than the tokenizer's {tokenizer_vocab} tokens (valid: model.args.vocab_size >= "
+                f"{tokenizer_vocab}, or model.vocab_size_from_tokenizer = true)"
             )
     tie = base.tie_word_embeddings if cfg.model.tie_word_embeddings is None else cfg.model.tie_word_embeddings
     seq_len = max(cfg.training.seq_len, cfg.validation.seq_len if cfg.validation.enable else 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from dtrain.checks import prepare
 from dtrain.config import format_help, to_toml
 from dtrain.errors import ConfigError
+from dtrain.parallelize import get_family
 
 
 def test_toml_table_and_flags_merge_flags_last(load, configs_dir: Path):
@@ -17,13 +19,23 @@ def test_toml_table_and_flags_merge_flags_last(load, configs_dir: Path):
     assert cfg.model.args == {"n_layers": 3, "dim": "128", "norm_eps": "1e-6"}  # flags stay text until typed
     args = prepare(cfg).model_args
     assert (args.n_layers, args.dim, args.norm_eps) == (3, 128, 1e-6)
-    assert args.n_heads == 16 and args.vocab_size == 320  # the rest: the flavor's, the vocabulary the tokenizer's
+    assert args.n_heads == 16 and args.vocab_size == 2048  # the rest, the vocabulary too: the flavor's (torchtitan)
+
+
+def test_the_vocabulary_is_the_flavors_unless_sized_from_the_tokenizer(load, monkeypatch):
+    assert prepare(load([])).model_args.vocab_size == 2048
+    sized = prepare(load(["--model.vocab_size_from_tokenizer", "--model.vocab_size_multiple_of", "128"]))
+    assert sized.model_args.vocab_size == 384  # the byte tokenizer's 258 ids, rounded up
+    flavors = get_family("llama3").model.flavors
+    monkeypatch.setitem(flavors, "debugmodel", replace(flavors["debugmodel"], vocab_size=200))
+    with pytest.raises(ConfigError, match=r"^model.flavor 'debugmodel' has vocab_size 200, smaller than the token"):
+        prepare(load([]))
 
 
 def test_the_resolved_shape_is_what_config_toml_records_and_rebuilds(load, tmp_path: Path):
     cfg = load(["--model.args.n_layers", "2", "--model.args.ffn_dim_multiplier", "none"])
     args = prepare(cfg).model_args
-    assert cfg.model.args["n_layers"] == 2 and cfg.model.args["dim"] == 256 and cfg.model.args["vocab_size"] == 320
+    assert cfg.model.args["n_layers"] == 2 and cfg.model.args["dim"] == 256 and cfg.model.args["vocab_size"] == 2048
     written = tmp_path / "config.toml"
     written.write_text(to_toml(cfg))
     assert "[model.args]\ndim = 256\nn_layers = 2\n" in written.read_text()

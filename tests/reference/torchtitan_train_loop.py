@@ -40,6 +40,14 @@ def dtrain_batches(argv: list[str]):
         yield batch
 
 
+# dtrain's names of MoE fields that torchtitan spells otherwise (Qwen3 and DeepSeek-V3 alike).
+TORCHTITAN_FIELDS = {
+    "moe_num_experts": "moe_args.num_experts",
+    "moe_top_k": "moe_args.top_k",
+    "moe_hidden_dim": "moe_inter_dim",
+}
+
+
 def split_model_args(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     """torchtitan's command line, and dtrain's `--model.args.NAME VALUE` flags (a shape change torchtitan's CLI does
     not have) as {NAME: VALUE}: they are set on torchtitan's flavor args, where the names are the same."""
@@ -60,6 +68,7 @@ def main(out: Path, argv: list[str]) -> None:
     from torchtitan.components.loss import IGNORE_INDEX
     from torchtitan.config import ConfigManager
     from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import parallel_dims as parallel_dims_module
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.protocols.train_spec import get_train_spec
     from torchtitan.tools.utils import set_default_dtype
@@ -68,6 +77,8 @@ def main(out: Path, argv: list[str]) -> None:
     job = ConfigManager().parse_args(torchtitan_argv)
     # A world of one, as torchrun gives the Trainer: torchtitan's MoE updates reduce over the process group.
     dist.init_process_group("gloo", store=dist.FileStore(str(out / "store"), 1), rank=0, world_size=1)
+    # Its meshes are built for the device type it detects, CUDA when there is none; its own CPU unit tests set it.
+    parallel_dims_module.device_type = "cpu"
     device = torch.device("cpu")
     dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
     dist_utils.set_determinism(dims, device, job.debug, distinct_seed_mesh_dims=["pp"])
@@ -75,7 +86,11 @@ def main(out: Path, argv: list[str]) -> None:
 
     model_args = spec.model_args[job.model.flavor]
     for name, value in shape.items():
-        setattr(model_args, name, type(getattr(model_args, name))(value))
+        owner, field = model_args, TORCHTITAN_FIELDS.get(name, name)
+        if "." in field:
+            inner, field = field.split(".")
+            owner = getattr(model_args, inner)
+        setattr(owner, field, type(getattr(owner, field))(value))
     model_args.update_from_config(job)
     run_moe_in_float32_on_cpu(model_args)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[job.training.dtype]
