@@ -330,7 +330,9 @@ class MoE(nn.Module):
 
 def update_expert_bias(moe: MoE, tokens_per_expert: torch.Tensor) -> None:
     """DeepSeek-V3's loss-free balancing, after an optimizer step: ``expert_bias += bias_update_speed *
-    sign(mean_load - load)`` (underloaded experts become likelier picks), then ``moe.tokens_per_expert`` is zeroed.
+    sign(mean_load - load)`` (underloaded experts become likelier picks), less the mean of that change as torchtitan
+    does (the choice of experts is the same either way; the bias values then equal torchtitan's, checkpoints
+    included), then ``moe.tokens_per_expert`` is zeroed.
 
     ``tokens_per_expert`` is the load, already summed over all data-parallel ranks by the caller. Only signs
     matter, so activation-checkpoint recomputation of the router, which doubles every count, changes nothing.
@@ -340,7 +342,8 @@ def update_expert_bias(moe: MoE, tokens_per_expert: torch.Tensor) -> None:
         raise ValueError("load_balance_bias is off: this MoE layer has no expert_bias to update")
     with torch.no_grad():
         load = tokens_per_expert.float()
-        moe.expert_bias += moe.bias_update_speed * torch.sign(load.mean() - load)
+        delta = moe.bias_update_speed * torch.sign(load.mean() - load)
+        moe.expert_bias += delta - delta.mean()
         moe.tokens_per_expert.zero_()
 
 
