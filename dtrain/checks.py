@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from dtrain.checkpoint.config_checks import check_checkpoint_config
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_tokenizer
@@ -110,6 +112,17 @@ def model_description(cfg: JobConfig) -> str:
     return f"{m.name}, shape as given by model.args"
 
 
+def check_hf_exportable(cfg: JobConfig, family: FamilySpec, args) -> None:
+    """A last save in Hugging Face's form is refused now, not after training, when that form cannot express this
+    model (e.g. torchtitan's DeepSeek-V3 norm eps)."""
+    if not (cfg.checkpoint.enable and cfg.checkpoint.last_save_in_hf):
+        return
+    try:
+        family.model.hf_adapter(args).hf_config(torch.float32)
+    except ValueError as err:
+        raise ConfigError(f"checkpoint.last_save_in_hf: {err}") from None
+
+
 def prepare(cfg: JobConfig) -> Prepared:
     family, start = model_family(cfg)
     tokenizer = build_tokenizer(cfg.model)
@@ -118,6 +131,7 @@ def prepare(cfg: JobConfig) -> Prepared:
     cfg.model.args = shape_table(args)
     check_layout(cfg, world_size_from_env(), family, args)
     check_checkpoint_config(cfg, world_size_from_env())
+    check_hf_exportable(cfg, family, args)
     check_wandb_installed(cfg.metrics.enable_wandb)
     check_run_folder(cfg)
     return Prepared(family, tokenizer, args)

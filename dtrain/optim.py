@@ -46,6 +46,12 @@ def param_groups(model_parts: list[nn.Module], weight_decay: float, no_decay_on_
     ]
 
 
+def param_grouping(cfg: OptimizerConfig) -> str:
+    """The name of param_groups' layout under `cfg`, as checkpoints record it: "all" (one group, every parameter
+    decayed) or "no_decay_on_vectors" (two groups)."""
+    return "no_decay_on_vectors" if cfg.no_decay_on_vectors else "all"
+
+
 def kernel_flags(implementation: str, device: torch.device) -> dict:
     """torch.optim flags for the configured kernel. `auto` = fused on CUDA, foreach elsewhere.
 

@@ -55,11 +55,16 @@ def expected_shapes(family_name: str, args) -> dict[str, tuple[int, ...]]:
 
 def to_hf(opts) -> None:
     family, args, cfg = run_config_args(opts.checkpoint, opts.config)
+    adapter = build_adapter(family, args)
+    try:  # a model Hugging Face's class would compute differently is refused before anything is read or written
+        adapter.hf_config(DTYPES[opts.dtype])
+    except ValueError as err:
+        raise DtrainError(f"cannot export {opts.checkpoint} to Hugging Face: {err}") from None
     weights = dcp_io.read_full_weights(opts.checkpoint)
     expected = expected_shapes(family, args)
     if {k: tuple(v.shape) for k, v in weights.items()} != expected:
         raise DtrainError(f"{opts.checkpoint} does not hold the weights of the model its config describes")
-    files = save_hf(weights, opts.out, build_adapter(family, args), DTYPES[opts.dtype], int(opts.max_shard_gb * 2**30),
+    files = save_hf(weights, opts.out, adapter, DTYPES[opts.dtype], int(opts.max_shard_gb * 2**30),
                     special_tokens=token_ids(cfg.model, cfg.checkpoint))
     print(f"wrote {len(files)} files to {opts.out}")
 

@@ -35,6 +35,7 @@ from dtrain.parallelize.torch_compat import ASYNC_STAGER_IS_REUSABLE
 # Full checkpoints nest the weights under this key (TrainState.state_dict); model-only ones keep them at the top,
 # as torchtitan's model-only checkpoints do, so either project can start from the other's weights.
 MODEL_KEY = "model"
+OPTIMIZER_KEY = "optimizer"
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # DCP warns on every save and load without a process group that it assumes one process: that is our intent. (A
 # filter, not catch_warnings, because async saves warn from their background thread.)

@@ -68,6 +68,9 @@ class CommitRecord:
     tie_word_embeddings: bool | None = None
     # optimizer.name of the run that saved a full state; "" where not recorded (older and model-only checkpoints).
     optimizer: str = ""
+    # How the optimizer grouped the parameters (dtrain.optim.param_grouping: "all" or "no_decay_on_vectors") in a full
+    # state; "" where not recorded (model-only, and full ones from before the grouping was an option).
+    optimizer_grouping: str = ""
     # {file: {byte offset: digest}} of every stored item and of .metadata (checksums.py); empty in older records.
     checksums: dict = field(default_factory=dict)
     checksum_algorithm: str = ""

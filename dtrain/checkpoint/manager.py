@@ -45,6 +45,7 @@ from dtrain.checkpoint.folders import (
 from dtrain.checkpoint.restore import Startup, restore_at_startup
 from dtrain.config.schema import JobConfig
 from dtrain.errors import DtrainError
+from dtrain.optim import param_grouping
 from dtrain.state import TrainState
 
 logger = logging.getLogger("dtrain")
@@ -238,6 +239,7 @@ class CheckpointManager:
             torch_version=torch.__version__,
             tie_word_embeddings=getattr(ctx.model_args, "tie_word_embeddings", None),
             optimizer=ctx.cfg.optimizer.name if kind == "full" else "",
+            optimizer_grouping=param_grouping(ctx.cfg.optimizer) if kind == "full" else "",
         )
 
     def save_seed_checkpoint(self) -> Path:

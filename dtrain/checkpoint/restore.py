@@ -29,11 +29,19 @@ from dtrain.checkpoint.folders import (
     read_record,
     scan_checkpoints,
 )
+from dtrain.checkpoint.optimizer_checks import (
+    check_grouping,
+    check_param_groups,
+    group_settings,
+    group_values,
+    restore_group_settings,
+)
 from dtrain.checkpoint.safe_reading import UnsafeCheckpoint
 from dtrain.checkpoint.spellings import family_spellings, find_spelling, model_fqns, whole_tensor_batches
 from dtrain.errors import DtrainError
 from dtrain.low_bit_optim import low_bit_suffix
 from dtrain.models.family import WeightSpelling
+from dtrain.optim import param_grouping
 
 logger = logging.getLogger("dtrain")
 FALLBACK_HINT = "set checkpoint.fallback_to_previous = true to resume from the previous complete checkpoint"
@@ -317,10 +325,12 @@ def load_full_state(ctx: RunContext, path: Path, record: CommitRecord) -> None:
         check_data_layout(ctx, path, record)
     if "optimizer" not in exclude:
         check_optimizer(path, record.optimizer, ctx.cfg.optimizer.name)
+        check_grouping(path, record.optimizer_grouping, param_grouping(ctx.cfg.optimizer))
     current = state.state_dict()
     shapes = dcp_io.read_tensor_shapes(path)
     dcp_io.check_weights_fit(path, shapes, f"{dcp_io.MODEL_KEY}.", current[dcp_io.MODEL_KEY])
     wanted = {k: v for k, v in current.items() if k not in exclude}
+    ours, settings = group_values(current[dcp_io.OPTIMIZER_KEY]), group_settings(state.optimizer)
     _load(ctx, wanted, path)
     saved_seed = wanted["train"]["seed"]
     if saved_seed != state.seed:
@@ -328,7 +338,13 @@ def load_full_state(ctx: RunContext, path: Path, record: CommitRecord) -> None:
             f"checkpoint {path} was trained with debug.seed = {saved_seed}, this run has debug.seed = {state.seed}; "
             f"set --debug.seed {saved_seed} (seed and step are the run's random state)"
         )
+    if "optimizer" not in exclude:
+        # Before the state takes them: the load itself would put the checkpoint's hyperparameters in place.
+        vectors = {fqn for fqn, weight in current[dcp_io.MODEL_KEY].items() if weight.ndim < 2}
+        check_param_groups(path, record.optimizer_grouping, ctx.cfg.optimizer, ours,
+                           wanted[dcp_io.OPTIMIZER_KEY], vectors)
     state.load_state_dict({**current, **wanted})
+    restore_group_settings(state.optimizer, settings)
     if "optimizer" in exclude:
         # Reading the optimizer's state dict made DCP initialise it with one zero-gradient step; a fresh optimizer
         # has no state at all, so drop it (Adam's bias correction counts from its first real step).

@@ -9,8 +9,11 @@ de-interleaved, for queries and keys alike, which changes no score.
 
 What HF's DeepseekV3 computes that this family does not represent is refused in one line: softmax routing (HF
 routes by sigmoid), FP8-quantized checkpoints (dequantize them first), rotate-half RoPE, attention biases, other
-activations. Its multi-token-prediction layers (``num_nextn_predict_layers``, stored as extra layers) are not part
-of this model and are not read.
+activations; and, on export, what our args compute that HF's cannot: a latent norm eps other than its fixed 1e-6,
+the final norm's dtype eps (torchtitan's flavors have both). YaRN that this model leaves off at its max_seq_len
+(``rope_scaling_beyond_original_only``) is exported as plain RoPE, which is what it computes. Its
+multi-token-prediction layers (``num_nextn_predict_layers``, stored as extra layers) are not part of this model and
+are not read.
 
 The interface is the one dtrain/checkpoint/hf_io.py reads and writes through: ``hf_names``, ``from_hf``,
 ``to_hf_tensors`` (one of our tensors may stack several of HF's), ``hf_config``, ``check_hf_config``.
@@ -55,14 +58,17 @@ _IN_BLOCK = {
 }
 # Our stacked expert weight -> the projection each HF expert J stores as mlp.experts.J.<projection>.weight.
 _STACKED = {"moe.experts.w1": "gate_proj", "moe.experts.w2": "down_proj", "moe.experts.w3": "up_proj"}
+# transformers' DeepseekV3 (as DeepSeek's own code) builds the q/kv latent norms with its RMSNorm's default eps, not
+# with rms_norm_eps (modeling_deepseek_v3.py: DeepseekV3RMSNorm(config.kv_lora_rank)).
+HF_LATENT_NORM_EPS = 1e-6
 _BLOCK_FQN = re.compile(r"^layers\.(\d+)\.(.+)$")
-# What a config.json determines; the other fields (moe_aux_loss_coeff, moe_bias_update_speed, max_seq_len) are
-# choices of a run.
+# What a config.json determines, as computed (the YaRN in effect at the run's max_seq_len, every norm's eps); the
+# other fields (moe_aux_loss_coeff, moe_bias_update_speed, max_seq_len) are choices of a run.
 _CHECKED = ("dim", "n_layers", "n_dense_layers", "hidden_dim", "n_heads", "q_lora_rank", "kv_lora_rank",
-            "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "vocab_size", "norm_eps", "rope_theta",
-            "rope_scaling", "tie_word_embeddings", "moe_num_experts", "moe_top_k", "moe_hidden_dim",
-            "moe_num_shared_experts", "moe_score_func", "moe_route_norm", "moe_route_scale", "moe_num_expert_groups",
-            "moe_num_limited_groups", "moe_load_balance_bias")
+            "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "vocab_size", "norm_eps", "latent_norm_eps",
+            "final_norm_dtype_eps", "rope_theta", "active_rope_scaling", "tie_word_embeddings", "moe_num_experts",
+            "moe_top_k", "moe_hidden_dim", "moe_num_shared_experts", "moe_score_func", "moe_route_norm",
+            "moe_route_scale", "moe_num_expert_groups", "moe_num_limited_groups", "moe_load_balance_bias")
 
 
 def _refuse_unrepresentable(config: dict[str, Any], rope: dict[str, Any]) -> None:
@@ -121,8 +127,12 @@ def deepseek_v3_args_from_hf_config(config: dict[str, Any]) -> DeepSeekV3Args:
         v_head_dim=int(config["v_head_dim"]),
         vocab_size=int(config["vocab_size"]),
         norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        latent_norm_eps=HF_LATENT_NORM_EPS,
+        final_norm_dtype_eps=False,
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         rope_scaling=_yarn_from(rope),
+        # HF applies YaRN at every length.
+        rope_scaling_beyond_original_only=False,
         max_seq_len=int(config.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         moe_num_experts=int(config["n_routed_experts"]),
@@ -194,16 +204,29 @@ class DeepSeekV3HFAdapter:
         return pairs
 
     def _check_exportable(self) -> None:
-        if self.args.moe_score_func != "sigmoid":
+        """ValueError naming the first args field whose value DeepseekV3ForCausalLM cannot compute."""
+        a = self.args
+        if a.moe_score_func != "sigmoid":
             raise ValueError(
-                f"model.args.moe_score_func = {self.args.moe_score_func!r} has no DeepseekV3ForCausalLM form "
+                f"model.args.moe_score_func = {a.moe_score_func!r} has no DeepseekV3ForCausalLM form "
                 "(it routes by sigmoid)"
+            )
+        if a.latent_norm_eps != HF_LATENT_NORM_EPS:
+            raise ValueError(
+                f"model.args.latent_norm_eps = {a.latent_norm_eps} has no DeepseekV3ForCausalLM form (its q/kv latent "
+                f"norms take eps {HF_LATENT_NORM_EPS} whatever rms_norm_eps is; valid: {HF_LATENT_NORM_EPS})"
+            )
+        if a.final_norm_dtype_eps:
+            raise ValueError(
+                "model.args.final_norm_dtype_eps = true has no DeepseekV3ForCausalLM form (its final norm takes "
+                "rms_norm_eps, our norm_eps; valid: false)"
             )
 
     def hf_config(self, dtype: torch.dtype) -> dict[str, Any]:
         """config.json for DeepseekV3ForCausalLM with these weights."""
         self._check_exportable()
-        a, yarn = self.args, self.args.rope_scaling
+        # The YaRN this model computes with at its max_seq_len: HF applies whatever config.json gives at every length.
+        a, yarn = self.args, self.args.active_rope_scaling
         scaling = None
         if yarn is not None:
             # "rope_type" is the key transformers reads now, "type" the one DeepSeek's own configs (and older

@@ -12,6 +12,8 @@ from checkpoint_helpers import FAMILY_ARGS, make_cfg, manager_for, tiny_model, t
 from safetensors import safe_open
 
 from dtrain.checkpoint import check_checkpoint_config
+from dtrain.checks import prepare
+from dtrain.config import load_config
 from dtrain.checkpoint.folders import DamagedCheckpoint, read_record
 from dtrain.checkpoint.hf_io import build_adapter, load_hf_weights
 from dtrain.errors import ConfigError
@@ -102,3 +104,16 @@ def test_hf_last_save_needs_model_only(tmp_path):
     with pytest.raises(ConfigError, match=r"^checkpoint.last_save_in_hf saves the weights only; set "
                                           r"checkpoint.last_save_model_only = true"):
         check_checkpoint_config(cfg, 1)
+
+
+def test_a_last_save_hf_cannot_express_is_refused_before_the_run(tmp_path):
+    # torchtitan's DeepSeek-V3 debugmodel takes eps 1e-5 in its latent norms (Hugging Face's model fixes them at
+    # 1e-6); routed by sigmoid here so that the eps is what stands in the way.
+    argv = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel", "--model.args.moe_score_func", "sigmoid",
+            "--checkpoint.enable", "--checkpoint.last_save_in_hf",
+            "--checkpoint.last_save_model_only", "--job.dump_folder", str(tmp_path / "run")]
+    with pytest.raises(ConfigError, match=r"^checkpoint.last_save_in_hf: .*latent_norm_eps") as error:
+        prepare(load_config(argv, env={}))
+    assert "\n" not in str(error.value) and not (tmp_path / "run").exists()
+    assert prepare(load_config([*argv, "--model.args.latent_norm_eps", "1e-6", "--model.args.final_norm_dtype_eps",
+                                "false"], env={}))

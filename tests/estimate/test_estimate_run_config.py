@@ -23,7 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 CPU = load_hardware("cpu")
 # Two layers, and a vocabulary that is no flavor's (320 rows for the byte tokenizer's 258 tokens).
 SHAPES = {"llama3": dict(n_layers=2, vocab_size=320), "qwen3": dict(n_layers=2, vocab_size=320),
-          "deepseek_v3": dict(n_layers=2, vocab_size=320, moe_score_func="sigmoid")}  # what its HF form routes by
+          # What its HF form can express: sigmoid routing, HF's latent and final norm eps.
+          "deepseek_v3": dict(n_layers=2, vocab_size=320, moe_score_func="sigmoid", latent_norm_eps=1e-6,
+                              final_norm_dtype_eps=False)}
 
 
 def no_tokenizer(tmp_path: Path) -> list[str]:

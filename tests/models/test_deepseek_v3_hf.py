@@ -3,14 +3,17 @@ and logits and greedy generation against transformers' DeepseekV3ForCausalLM on 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
 from dtrain.checkpoint.dcp_io import model_state_dict
 from dtrain.checkpoint.hf_io import load_hf_weights, save_hf
+from dtrain.config import load_config, to_toml
 from dtrain.models.deepseek_v3 import DEEPSEEK_V3_FLAVORS, DeepSeekV3Args, DeepSeekV3HFAdapter, DeepSeekV3Transformer
 from dtrain.models.generate import generate
 
@@ -22,7 +25,18 @@ VARIANTS = {
     "full_query": TINY,
     "low_rank_query": replace(TINY, q_lora_rank=24),
     "tied_plain_rope": replace(TINY, tie_word_embeddings=True, rope_scaling=None),
+    # torchtitan's YaRN rule, on at max_seq_len 64 > 16; a block/final norm eps large enough to show in the logits
+    # should HF give it to the latent norms too (their eps stays 1e-6, Hugging Face's).
+    "torchtitan_rule_yarn_on": replace(TINY, q_lora_rank=24, norm_eps=1e-2, rope_scaling_beyond_original_only=True),
+    # ... and off: the original context (64) covers max_seq_len, so the model computes plain RoPE.
+    "torchtitan_rule_yarn_off": replace(
+        TINY, rope_scaling=replace(TINY.rope_scaling, original_max_position_embeddings=64),
+        rope_scaling_beyond_original_only=True,
+    ),
 }
+# A torchtitan 0.2.2 flavor's numerics (models/deepseek_v3/args.py) on TINY's shape: what HF's class cannot compute.
+TORCHTITAN_TINY = replace(TINY, norm_eps=1e-5, latent_norm_eps=1e-5, final_norm_dtype_eps=True,
+                          rope_scaling_beyond_original_only=True)
 
 
 def _ours(args: DeepSeekV3Args, seed: int = 3) -> DeepSeekV3Transformer:
@@ -80,7 +94,10 @@ def test_config_round_trip(variant):
     adapter = DeepSeekV3HFAdapter(args)
     config = adapter.hf_config(torch.bfloat16)
     assert config["architectures"] == ["DeepseekV3ForCausalLM"] and config["torch_dtype"] == "bfloat16"
-    assert DeepSeekV3HFAdapter.args_from_hf_config(config) == args
+    # The export is the model as it computes: YaRN only where it is on, and then at every length (HF's rule).
+    assert (config["rope_scaling"] is None) == (args.active_rope_scaling is None)
+    as_computed = replace(args, rope_scaling=args.active_rope_scaling, rope_scaling_beyond_original_only=False)
+    assert DeepSeekV3HFAdapter.args_from_hf_config(config) == as_computed
     adapter.check_hf_config(config)
     with pytest.raises(ValueError, match="moe_top_k = 2"):
         adapter.check_hf_config({**config, "num_experts_per_tok": 2})
@@ -107,7 +124,10 @@ def test_the_published_v3_config_maps_to_the_671b_flavor():
     flavor = DEEPSEEK_V3_FLAVORS["671B"]
     with pytest.raises(ValueError, match="has norm_eps = 1e-06, this model has 1e-05"):
         DeepSeekV3HFAdapter(flavor).check_hf_config(published)
-    DeepSeekV3HFAdapter(replace(flavor, norm_eps=1e-6)).check_hf_config(published)
+    hf_numerics = replace(flavor, norm_eps=1e-6, latent_norm_eps=1e-6, final_norm_dtype_eps=False)
+    with pytest.raises(ValueError, match="has active_rope_scaling = YarnScaling.*, this model has None"):
+        DeepSeekV3HFAdapter(hf_numerics).check_hf_config(published)  # at 4096 tokens torchtitan's YaRN is off
+    DeepSeekV3HFAdapter(replace(hf_numerics, max_seq_len=8192)).check_hf_config(published)
     with pytest.raises(ValueError, match="quantized \\(fp8\\); dequantize"):
         DeepSeekV3HFAdapter.args_from_hf_config({**published, "quantization_config": {"quant_method": "fp8"}})
 
@@ -136,6 +156,47 @@ def test_softmax_routing_has_no_deepseek_v3_export():
         adapter.to_hf_tensors("norm.weight", torch.ones(2048))
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (TORCHTITAN_TINY, "latent_norm_eps = 1e-05 has no DeepseekV3ForCausalLM form .*valid: 1e-06"),
+        (replace(TORCHTITAN_TINY, latent_norm_eps=1e-6), "final_norm_dtype_eps = true has no .*valid: false"),
+    ],
+)
+def test_torchtitan_numerics_have_no_hf_export(tmp_path, args, message):
+    with pytest.raises(ValueError, match=f"^model.args.{message}") as refused:
+        DeepSeekV3HFAdapter(args).hf_config(torch.float32)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match=message):
+        _save_hf(_ours(args), tmp_path)
+    assert list(tmp_path.iterdir()) == []  # no weight, no config.json
+    # The flavor whose routing HF has: torchtitan's eps refused too.
+    with pytest.raises(ValueError, match="latent_norm_eps = 1e-05"):
+        DeepSeekV3HFAdapter(DEEPSEEK_V3_FLAVORS["671B"]).hf_config(torch.bfloat16)
+    # At Hugging Face's values (norm_eps is expressible, YaRN on past 16 tokens) it exports.
+    hf_values = replace(args, latent_norm_eps=1e-6, final_norm_dtype_eps=False)
+    assert DeepSeekV3HFAdapter(hf_values).hf_config(torch.float32)["rms_norm_eps"] == 1e-5
+
+
+def test_convert_checkpoint_refuses_torchtitan_numerics_before_reading_or_writing(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location(
+        "convert_checkpoint", Path(__file__).resolve().parents[2] / "scripts" / "convert_checkpoint.py")
+    convert = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(convert)
+    # debugmodel_small (sigmoid routing) with torchtitan's latent eps, as a run's config.toml records it.
+    cfg = load_config(["--model.name", "deepseek_v3", "--model.flavor", "debugmodel_small",
+                       "--model.args.latent_norm_eps", "1e-5"])
+    (tmp_path / "config.toml").write_text(to_toml(cfg))
+    out = tmp_path / "hf"
+    # No checkpoint at all: the refusal comes before any weight is read.
+    argv = ["to-hf", str(tmp_path / "absent"), str(out), "--config", str(tmp_path / "config.toml")]
+    assert convert.main(argv) == 1
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and error.startswith("error: cannot export")
+    assert "model.args.latent_norm_eps = 1e-05 has no DeepseekV3ForCausalLM form" in error
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_logits_match_transformers_deepseek_v3_both_ways(tmp_path, variant):
     transformers = pytest.importorskip("transformers")
@@ -143,10 +204,10 @@ def test_logits_match_transformers_deepseek_v3_both_ways(tmp_path, variant):
     ours = _ours(args)
     _save_hf(ours, tmp_path)
     theirs = transformers.DeepseekV3ForCausalLM.from_pretrained(str(tmp_path), attn_implementation="eager").eval()
-    # Longer than YaRN's original 16 positions.
+    # Longer than TINY's original 16 positions.
     tokens = torch.randint(0, args.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        torch.testing.assert_close(ours(tokens), theirs(input_ids=tokens).logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(ours(tokens), theirs(input_ids=tokens).logits, atol=1e-5, rtol=0)
 
     # ... and a DeepseekV3ForCausalLM built by transformers itself imports into ours with the same logits.
     config = json.loads((tmp_path / "config.json").read_text())
@@ -160,7 +221,7 @@ def test_logits_match_transformers_deepseek_v3_both_ways(tmp_path, variant):
     native.save_pretrained(str(tmp_path / "native"))
     imported = _load_hf(args, tmp_path / "native")
     with torch.no_grad():
-        torch.testing.assert_close(imported(tokens), native(input_ids=tokens).logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(imported(tokens), native(input_ids=tokens).logits, atol=1e-5, rtol=0)
 
 
 def test_greedy_generation_equals_transformers(tmp_path):

@@ -95,6 +95,9 @@ def test_hf_folder_trains_exports_and_generates_as_transformers(tmp_path, family
     written = (run_dir / "config.toml").read_text()
     # The run names no flavor: its [model.args] hold the whole shape, RoPE scaling included.
     assert 'flavor = ""' in written and "rope_theta = " in written
+    if family == "deepseek_v3":  # config.json's numerics, not torchtitan's flavors' (so to-hf may export them)
+        assert all(line in written for line in ("latent_norm_eps = 1e-06", "final_norm_dtype_eps = false",
+                                                "rope_scaling_beyond_original_only = false"))
 
     checkpoint = run_dir / "checkpoint" / "step-2"
     converted = tool(sys.executable, "scripts/convert_checkpoint.py", "to-hf", str(checkpoint), str(out),
