@@ -5,7 +5,8 @@ Loading an optimizer state dict puts every group's hyperparameters back from the
 flattened state stores them per parameter and gives each of this run's groups the values of its first parameter,
 so a changed config would silently not apply, and a checkpoint of two groups would load into one group with the
 first group's weight decay. torchtitan 0.2.2 keeps the checkpoint's values without a word; dtrain keeps them too
-(the same numbers), but only where this run's config agrees: any difference is refused in one line.
+(the same numbers), but only where this run's config agrees: any difference is refused in one line. The groups'
+other settings (how optimizer.name and optimizer.implementation step) are put back to this run's after the load.
 """
 
 from __future__ import annotations
