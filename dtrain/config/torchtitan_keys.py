@@ -236,7 +236,7 @@ TESTED_SAME = {
         "tests/metrics/test_metrics_wandb.py::"
         "test_rank0_logs_every_record_to_a_wandb_run_with_the_config"
     ),
-    "model.name": f"{_TRAINS} (llama3, qwen3)",
+    "model.name": f"{_TRAINS} (the Llama 3 and Qwen3 families)",
     "model.hf_assets_path": (
         "tests/data/test_data_tokenizer_config.py::test_bos_eos_come_from_tokenizer_config_at_the_next_free_ids (a "
         "folder laid out as torchtitan's)"
