@@ -24,17 +24,27 @@ import torch
 from torch import nn
 
 
+# torch's trunc_normal_ draws uniform_ in [2 cdf(a) - 1, 2 cdf(b) - 1) and maps it through erfinv: with the default
+# bounds +-2 at std 0.02, cdf(a) is 0, a draw of exactly -1 (one in 2**24) becomes -inf and is clamped to -2. Such a
+# value is torch's, on both sides alike, and one of them moves a weight's std by a percent: it is counted apart.
+CLAMPED = 2.0
+
+
 def param_stats(model: nn.Module) -> dict[str, dict]:
-    """Shape, mean, std, min, max of every parameter by name (a tied weight under each of its names), in float64."""
+    """Shape, mean, std, min, max of every parameter by name (a tied weight under each of its names), in float64,
+    over the values other than exactly +-CLAMPED, which are counted as "clamped"."""
     stats = {}
     for name, param in model.named_parameters(remove_duplicate=False):
-        values = param.detach().double()
+        values = param.detach().double().flatten()
+        clamped = values.abs() == CLAMPED
+        values = values[~clamped]
         stats[name] = {
-            "shape": list(values.shape),
+            "shape": list(param.shape),
             "mean": values.mean().item(),
             "std": values.std().item() if values.numel() > 1 else 0.0,
             "min": values.min().item(),
             "max": values.max().item(),
+            "clamped": int(clamped.sum()),
         }
     return stats
 
