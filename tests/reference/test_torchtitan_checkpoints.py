@@ -10,11 +10,10 @@ checkpoint.initial_load_writer = torchtitan and is refused without it; >= 0.3's 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from reference_scripts import run_reference_script
 import torch
 from checkpoint_helpers import make_cfg, tiny_state
 from torchtitan_checkpoints import save_torchtitan_names
@@ -59,10 +58,7 @@ def torchtitan_checkpoints(tmp_path_factory):
     for family, (theirs, _) in MODELS.items():
         out = tmp_path_factory.mktemp(family)
         spec = json.dumps({"family": family, "args": theirs, "ids": IDS.tolist()})
-        script = Path(__file__).with_name("torchtitan_checkpoint_writer.py")
-        result = subprocess.run([sys.executable, str(script), str(out), spec], capture_output=True, text=True,
-                                timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
+        run_reference_script("torchtitan_checkpoint_writer.py", out, spec)
         seed = out / "checkpoint" / "step-0"
         save_torchtitan_names(dcp_io.read_full_weights(seed), out / "v0.3", "0.3")
         logits = torch.load(out / "logits.pt", weights_only=True)["logits"]

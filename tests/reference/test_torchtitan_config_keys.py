@@ -18,12 +18,11 @@ from __future__ import annotations
 import collections
 import json
 import re
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+from reference_scripts import run_reference_script
 
 from dtrain.config import load_config
 from dtrain.config.fields import config_fields, section_of
@@ -111,12 +110,7 @@ def command_lines(tmp_path_factory) -> list[list[str]]:
 def torchtitan(tmp_path_factory, command_lines) -> dict:
     folder = tmp_path_factory.mktemp("torchtitan_config")
     (folder / "request.json").write_text(json.dumps(command_lines))
-    script = Path(__file__).with_name("torchtitan_config_reference.py")
-    result = subprocess.run(
-        [sys.executable, str(script), str(folder / "request.json"), str(folder / "answer.json")],
-        cwd=folder, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_reference_script("torchtitan_config_reference.py", folder / "request.json", folder / "answer.json", cwd=folder)
     return json.loads((folder / "answer.json").read_text())
 
 

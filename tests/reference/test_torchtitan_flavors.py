@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from reference_scripts import run_reference_script
 import torch
 
 from dtrain.models.deepseek_v3 import DEEPSEEK_V3_FLAVORS, DeepSeekV3Args, DeepSeekV3Transformer
@@ -40,9 +39,7 @@ RUN_SETTINGS = {"_enforced", "max_seq_len", "attn_type", "attn_mask_type", "eos_
 
 
 def torchtitan_run(family: str, out: Path, *init: str) -> dict:
-    result = subprocess.run([sys.executable, str(SCRIPT), family, str(out), *init], cwd=SCRIPT.parent,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_reference_script(SCRIPT.name, family, out, *init, cwd=SCRIPT.parent)
     return json.loads(out.read_text())
 
 

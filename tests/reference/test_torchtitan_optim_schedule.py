@@ -10,11 +10,9 @@ config defaults of these keys.
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from reference_scripts import run_reference_script
 import torch
 from torchtitan_optim_reference import TinyNet
 
@@ -83,12 +81,7 @@ def torchtitan(tmp_path_factory) -> dict:
         "losses": [loss_inputs(i) for i in range(3)],
     }
     torch.save(request, folder / "request.pt")
-    script = Path(__file__).with_name("torchtitan_optim_reference.py")
-    result = subprocess.run(
-        [sys.executable, str(script), str(folder / "request.pt"), str(folder / "answer.pt")],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_reference_script("torchtitan_optim_reference.py", folder / "request.pt", folder / "answer.pt")
     return torch.load(folder / "answer.pt", weights_only=True)
 
 

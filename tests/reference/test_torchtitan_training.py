@@ -11,12 +11,11 @@ Measured (torch 2.13, CPU): worst relative difference 4.9e-7 in loss, 6.5e-6 in 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from run_train_helpers import REPO, read_metrics, run_train, user_env
+from reference_scripts import run_reference_script
+from run_train_helpers import REPO, read_metrics, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -25,12 +24,7 @@ STEPS = 12
 
 
 def torchtitan_run(out: Path, argv: list[str]) -> list[dict]:
-    script = Path(__file__).with_name("torchtitan_train_loop.py")
-    result = subprocess.run(
-        [sys.executable, str(script), str(out), *argv], cwd=REPO, env=user_env(), capture_output=True, text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_reference_script("torchtitan_train_loop.py", out, *argv)
     return [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
 
 
