@@ -47,7 +47,7 @@ if [ "$check" = 3 ]; then exit 0; fi
 if [ "$check" != 0 ]; then exit "$check"; fi
 
 export LOG_RANK="$log_rank"
-# torchrun runs under dtrain/launcher.py: the run ends with the first failing rank's one line, torchrun's own
+# torchrun runs under dtrain/reliability/launcher.py: the run ends with the first failing rank's one line, torchrun's own
 # report goes to a file in the run folder, and signals reach torchrun once.
-exec python -m dtrain.launcher "$launch_dir" torchrun --nproc_per_node "$nproc" "${rendezvous[@]}" \
+exec python -m dtrain.reliability.launcher "$launch_dir" torchrun --nproc_per_node "$nproc" "${rendezvous[@]}" \
     --max-restarts "${MAX_RESTARTS:-0}" "${rank_filter[@]}" --role rank --tee 3 -m dtrain.main "$@"

@@ -106,10 +106,10 @@ def _hf_eos_ids(folder: Path) -> tuple[int, ...]:
 
 def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, dtype: torch.dtype) -> Loaded:
     from dtrain.checkpoint.hf_io import token_ids
-    from dtrain.checks import model_args, model_family
     from dtrain.config import load_config
     from dtrain.data import build_tokenizer
-    from dtrain.hf_start import hf_start
+    from dtrain.run.hf_start import hf_start
+    from dtrain.run.prepare import model_args, model_family
 
     checkpoint = resolve_checkpoint(opts.checkpoint, opts.hf)
     cfg = load_config(_config_argv(opts, rest, checkpoint))
@@ -191,7 +191,7 @@ def _device_and_dtype(opts: argparse.Namespace) -> tuple[torch.device, torch.dty
 
 
 def run(argv: list[str]) -> int:
-    from dtrain.models.generate import Sampling, generate
+    from dtrain.models.decoding import Sampling, generate
 
     opts, rest = parse_args(argv)
     try:

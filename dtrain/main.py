@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from dtrain.errors import DtrainError
-from dtrain.launcher import record_failure, record_outcome
+from dtrain.reliability.launcher import record_failure, record_outcome
 
 # `run_train.sh` runs this once with --launcher_check before starting torchrun: it validates the config for the
 # coming world size and answers --help / print_config itself. Exit code ANSWERED tells the launcher to stop there.
@@ -34,7 +34,7 @@ def run(argv: list[str]) -> int:
     if cfg.job.print_config:
         print(to_toml(cfg), end="")
         return ANSWERED if launcher_check else 0
-    from dtrain.checks import prepare
+    from dtrain.run.prepare import prepare
 
     prepared = prepare(cfg)
     if launcher_check:
@@ -43,7 +43,7 @@ def run(argv: list[str]) -> int:
             Path(os.environ[RUN_DIR_FILE_ENV]).write_text(cfg.job.dump_folder)
         return 0
     from dtrain.metrics import setup_logging
-    from dtrain.train import train
+    from dtrain.run.train import train
 
     # LOG_RANK names a local rank, as run_train.sh's torchrun output filter does: one logging rank per node.
     setup_logging(int(os.environ.get("LOCAL_RANK", "0")))

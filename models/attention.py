@@ -63,7 +63,7 @@ def document_causal_mask(positions: torch.Tensor, document_ids: torch.Tensor) ->
     """``[batch, 1, seq, seq]`` True where query i may attend to key j: j is not after i and in i's document.
 
     SDPA turns it into an additive mask in the compute dtype and keeps that for backward: ``seq²`` elements per
-    sequence and layer (see ``dtrain.memory_preflight``).
+    sequence and layer (see ``dtrain.run.memory_preflight``).
     """
     causal = positions[:, None] >= positions[None, :]
     same_document = document_ids[:, :, None] == document_ids[:, None, :]

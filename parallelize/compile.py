@@ -6,7 +6,7 @@ the rest: compile time does not grow with depth. ``model_whole`` compiles the wh
 under PP) in one call instead, for comparison: one larger graph, longer compiles, the embedding and head inside.
 Either way compile comes after activation checkpointing and before data parallel (the module doc of llama3.py).
 
-What torch.compile did (times, graphs, breaks, recompiles, caches) is ``dtrain.compile_report``'s.
+What torch.compile did (times, graphs, breaks, recompiles, caches) is ``dtrain.observe.compile_report``'s.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Running a batch through the pipeline: stages, the torch.distributed.pipelining schedule, loss and clipping.
 
-The trainer's loss math is kept exactly (dtrain/step.py): every microbatch's loss is the *summed* token
+The trainer's loss math is kept exactly (dtrain/step/train_step.py): every microbatch's loss is the *summed* token
 cross-entropy, backward runs on ``sum × dp_size / global_valid_tokens``, and the reported loss is the sum over
 the whole global batch divided by the global token count. So the schedule gets a loss function that multiplies
 the summed loss by that gradient scale and is told not to rescale gradients itself (``scale_grads=False``); a
@@ -46,7 +46,10 @@ from dtrain.parallelize.grad_norm import total_grad_norm
 from dtrain.parallelize.pipeline_extra_loss import StageExtraLoss, shape_inference
 from dtrain.parallelize.pipeline_plan import SINGLE_STAGE_SCHEDULES, PipelinePlan
 from dtrain.parallelize.pipeline_split import StageModule
-from dtrain.parallelize.torch_compat import PipelineStageWithForwardOnlyHandoff, clip_grads_with_norm_
+from dtrain.parallelize.torch_compat import (
+    PipelineStageWithForwardOnlyHandoff,
+    clip_grads_with_norm_,
+)
 
 SCHEDULE_CLASSES = {
     "GPipe": ScheduleGPipe,

@@ -33,13 +33,13 @@ from dtrain.checkpoint.folders import CommitRecord, commit
 from dtrain.checkpoint.safe_reading import SafeFileSystemReader, SafeLoadPlanner
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_dataloader, build_tokenizer
-from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.models import count_params
 from dtrain.models.llama3 import Llama3Args, Transformer
-from dtrain.optim import build_optimizers
-from dtrain.state import TrainState
-from dtrain.step import cross_entropy_sum, train_step
-from dtrain.step_executor import LocalExecutor
+from dtrain.step.executor import LocalExecutor
+from dtrain.step.lr_schedule import build_lr_scheduler
+from dtrain.step.optimizer import build_optimizers
+from dtrain.step.state import TrainState
+from dtrain.step.train_step import cross_entropy_sum, train_step
 
 
 @dataclass

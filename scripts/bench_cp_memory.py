@@ -36,12 +36,12 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from dtrain.checks import prepare
 from dtrain.config import load_config
-from dtrain.distributed import STORE_FILE_ENV, init_world
-from dtrain.layout import build_layout
-from dtrain.step import train_step
-from dtrain.train import build_train_state
+from dtrain.run.layout import build_layout
+from dtrain.run.prepare import prepare
+from dtrain.run.train import build_train_state
+from dtrain.run.world import STORE_FILE_ENV, init_world
+from dtrain.step.train_step import train_step
 
 MIB = 1024**2
 # The model: the debug Llama 3 (dim 256, 8 heads, 4 kv heads, byte tokenizer) cut to 4 layers.

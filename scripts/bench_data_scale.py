@@ -24,20 +24,20 @@ import time
 from dataclasses import replace
 
 import torch
-
 from bench_dataloader import train_bpe  # scripts/ is on sys.path when this script runs
+
 from dtrain.config.schema import LRScheduler, Optimizer
 from dtrain.data import ByteTokenizer, DataLoader, Tokenizer
 from dtrain.data.samples import TokenSamples
 from dtrain.data.sources import BuiltinSource
 from dtrain.data.token_shards import TokenShards
 from dtrain.data.tokenize_corpus import open_input, tokenize_corpus
-from dtrain.lr_schedule import build_lr_scheduler
-from dtrain.optim import build_optimizers
 from dtrain.parallelize import get_family
-from dtrain.state import TrainState
-from dtrain.step import cross_entropy_sum, train_step
-from dtrain.step_executor import LocalExecutor
+from dtrain.step.executor import LocalExecutor
+from dtrain.step.lr_schedule import build_lr_scheduler
+from dtrain.step.optimizer import build_optimizers
+from dtrain.step.state import TrainState
+from dtrain.step.train_step import cross_entropy_sum, train_step
 
 # torchtitan's Llama 3 8B on 8 H100s, eager bf16 FSDP (its docs/performance.md): what one GPU rank consumes.
 H100_LLAMA3_8B_TOKENS_PER_S = 5762

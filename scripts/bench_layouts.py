@@ -64,9 +64,9 @@ def run_variant(name: str, steps: int, warmup: int, batch: int, extra: list[str]
 
 def full_square_factor(extra: list[str]) -> float:
     """torchtitan's FLOPs per token over dtrain's for the configured model (see models/flops.py)."""
-    from dtrain.checks import prepare
     from dtrain.config import load_config
     from dtrain.models.flops import masked_attention_flops_per_token
+    from dtrain.run.prepare import prepare
 
     cfg = load_config(["--training.dataset", "synthetic", *extra])
     prepared = prepare(cfg)

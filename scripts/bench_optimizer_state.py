@@ -5,7 +5,7 @@ builds the model in one process and runs one training step, which creates the op
 state really holds are counted: for a quantized moment its codes, block scales and lookup table (torchao's tensors
 present themselves as float32 tensors of the parameter's shape, so `numel() * element_size()` would count them at
 float32 size). *Estimate* is what the memory pre-flight check assumes for the same model
-(`dtrain.optim.moment_bytes` plus the step counts). The first step compiles torchao's step (`torch.compile`, once
+(`dtrain.step.optimizer.moment_bytes` plus the step counts). The first step compiles torchao's step (`torch.compile`, once
 per parameter shape), so its time is mostly compilation; a second step is timed too.
 
     python scripts/bench_optimizer_state.py                          # the debug Llama 3 scaled to ~85M parameters
@@ -20,16 +20,16 @@ import time
 
 import torch
 
-from dtrain.checks import prepare
 from dtrain.config import load_config
-from dtrain.distributed import init_world
-from dtrain.layout import build_layout
-from dtrain.memory_preflight import STEP_BYTES
-from dtrain.low_bit_optim import low_bit_format
-from dtrain.optim import moment_bytes
 from dtrain.parallelize import local_shard
-from dtrain.step import train_step
-from dtrain.train import build_train_state
+from dtrain.precision.low_bit_optim import low_bit_format
+from dtrain.run.layout import build_layout
+from dtrain.run.memory_preflight import STEP_BYTES
+from dtrain.run.prepare import prepare
+from dtrain.run.train import build_train_state
+from dtrain.run.world import init_world
+from dtrain.step.optimizer import moment_bytes
+from dtrain.step.train_step import train_step
 
 MIB = 1024**2
 # The debug Llama 3 (byte tokenizer, vocab 320) widened and deepened to GPT-2-small's shape: ~85M parameters.

@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from dtrain.config.schema import LRScheduler, Optimizer
-from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.parallelize import get_family
-from dtrain.optim import build_optimizer, build_optimizers
-from dtrain.state import TrainState
-from dtrain.step import cross_entropy_sum, train_step
-from dtrain.step_executor import LocalExecutor
+from dtrain.step.executor import LocalExecutor
+from dtrain.step.lr_schedule import build_lr_scheduler
+from dtrain.step.optimizer import build_optimizer, build_optimizers
+from dtrain.step.state import TrainState
+from dtrain.step.train_step import cross_entropy_sum, train_step
 
 
 class FixedBatchData:

@@ -1,5 +1,5 @@
 """Benchmark: the collectives that data, tensor, context and expert parallel spend their communication on, and the
-reference ring all-reduce (dtrain/collectives.py), timed per message size over every rank of the world.
+reference ring all-reduce (scripts/ring_all_reduce.py), timed per message size over every rank of the world.
 
     NPROC=4 ./scripts/comm_bench.sh
     NPROC=8 ./scripts/comm_bench.sh --ops all_reduce,all_gather --sizes 1M,64M,1G --iters 50 --json bench.json
@@ -133,8 +133,7 @@ def make_case(op: str, size: int, n: int, rank: int, device) -> tuple[int, Calla
     expected result)."""
     import torch
     import torch.distributed as dist
-
-    from dtrain.collectives import ring_all_reduce
+    from ring_all_reduce import ring_all_reduce
 
     def arange(count, start=0):
         return torch.arange(start, start + count, device=device)
@@ -235,7 +234,7 @@ def join_world():
 
     import torch.distributed as dist
 
-    from dtrain.distributed import World, backend_for, join_process_group, pick_device
+    from dtrain.run.world import World, backend_for, join_process_group, pick_device
 
     timeout = timedelta(seconds=300)
     if "RANK" in os.environ:

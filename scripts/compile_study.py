@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from dtrain.compile_report import report_file
 from dtrain.config import load_config
 from dtrain.config.cli import parse_argv
 from dtrain.errors import DtrainError
+from dtrain.observe.compile_report import report_file
 from dtrain.parallelize.compile import COMPILE_MODES, CUDA_GRAPH_MODES
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,10 +24,17 @@ import torch
 
 from dtrain.checkpoint import dcp_io
 from dtrain.checkpoint.folders import CommitRecord, commit
-from dtrain.checkpoint.hf_io import CONFIG_FILE, build_adapter, iter_hf_weights, read_hf_config, save_hf, token_ids
+from dtrain.checkpoint.hf_io import (
+    CONFIG_FILE,
+    build_adapter,
+    iter_hf_weights,
+    read_hf_config,
+    save_hf,
+    token_ids,
+)
 from dtrain.errors import DtrainError
-from dtrain.hf_start import family_of
 from dtrain.parallelize import FAMILIES, get_family
+from dtrain.run.hf_start import family_of
 
 DTYPES = dcp_io.EXPORT_DTYPES  # the dtypes of checkpoint.export_dtype
 
@@ -35,9 +42,9 @@ DTYPES = dcp_io.EXPORT_DTYPES  # the dtypes of checkpoint.export_dtype
 def run_config_args(checkpoint: Path, config: Path | None):
     """(family name, model args, the run's config) of the run that wrote `checkpoint`, from its resolved
     config.toml."""
-    from dtrain.checks import model_args, model_family
     from dtrain.config import load_config
     from dtrain.data import build_tokenizer
+    from dtrain.run.prepare import model_args, model_family
 
     config = config or checkpoint.resolve().parent.parent / "config.toml"
     if not config.is_file():

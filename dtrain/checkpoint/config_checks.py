@@ -8,7 +8,7 @@ import torch
 
 from dtrain.config.schema import JobConfig
 from dtrain.errors import ConfigError
-from dtrain.low_bit_optim import low_bit_format
+from dtrain.precision.low_bit_optim import low_bit_format
 
 # Parts of the TrainState a resume may skip; the model and the step counters are what a checkpoint is.
 EXCLUDABLE_PARTS = ("optimizer", "lr_scheduler", "dataloader")

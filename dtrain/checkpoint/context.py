@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from dtrain.config.schema import JobConfig
 from dtrain.errors import DtrainError
-from dtrain.state import TrainState
+from dtrain.step.state import TrainState
 
 T = TypeVar("T")
 # Recorded with each checkpoint for the log and for humans; resharding itself needs none of it.

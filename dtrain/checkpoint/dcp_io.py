@@ -17,10 +17,18 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from dtrain.checkpoint.checksums import ChecksumMismatch, ChecksummingWriter, VerifyingReader
+from dtrain.checkpoint.checksums import (
+    ChecksummingWriter,
+    ChecksumMismatch,
+    VerifyingReader,
+)
 from dtrain.checkpoint.folders import COMMIT_FILE, read_record
 from dtrain.checkpoint.safe_reading import (
     SafeLoadPlanner,
@@ -29,8 +37,8 @@ from dtrain.checkpoint.safe_reading import (
     read_metadata_file,
 )
 from dtrain.errors import DtrainError
-from dtrain.mx import allow_mx_tensors_in_checkpoints
 from dtrain.parallelize.torch_compat import ASYNC_STAGER_IS_REUSABLE
+from dtrain.precision.mx import allow_mx_tensors_in_checkpoints
 
 # Full checkpoints nest the weights under this key (TrainState.state_dict); model-only ones keep them at the top,
 # as torchtitan's model-only checkpoints do, so either project can start from the other's weights.
@@ -89,11 +97,10 @@ def read_whole_state(path: Path) -> dict[str, Any]:
     """The whole checkpoint at `path` as one nested dict of full tensors and values (one process; conversions)."""
     # What torch's dcp_to_torch_save does (with the private loader it uses: dcp.load would fill a copy of the
     # empty dict), but through the safe reader and planner: torch's would run the checkpoint's pickles.
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
     # A low-bit optimizer's moments are stored as torchao's tensor subclasses, which torch.load(weights_only=True)
     # admits once torchao.optim has registered them; they are read into plain (dequantized) tensors here.
     import torchao.optim  # noqa: F401
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     allow_mx_tensors_in_checkpoints()
     reader = verifying_reader(path)

@@ -28,8 +28,7 @@ from dtrain.checkpoint.checksums import (
     hash_file,
 )
 from dtrain.checkpoint.safe_reading import read_metadata_file
-from dtrain.durable import fsync_path
-
+from dtrain.reliability.durable import fsync_path
 
 COMMIT_FILE = "dtrain_commit.json"
 PARTIAL_SUFFIX = ".partial"
@@ -68,7 +67,7 @@ class CommitRecord:
     tie_word_embeddings: bool | None = None
     # optimizer.name of the run that saved a full state; "" where not recorded (older and model-only checkpoints).
     optimizer: str = ""
-    # How the optimizer grouped the parameters (dtrain.optim.param_grouping: "all" or "no_decay_on_vectors") in a full
+    # How the optimizer grouped the parameters (dtrain.step.optimizer.param_grouping: "all" or "no_decay_on_vectors") in a full
     # state; "" where not recorded (model-only, and full ones from before the grouping was an option).
     optimizer_grouping: str = ""
     # {file: {byte offset: digest}} of every stored item and of .metadata (checksums.py); empty in older records.

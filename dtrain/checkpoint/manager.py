@@ -45,8 +45,8 @@ from dtrain.checkpoint.folders import (
 from dtrain.checkpoint.restore import Startup, restore_at_startup
 from dtrain.config.schema import JobConfig
 from dtrain.errors import DtrainError
-from dtrain.optim import param_grouping
-from dtrain.state import TrainState
+from dtrain.step.optimizer import param_grouping
+from dtrain.step.state import TrainState
 
 logger = logging.getLogger("dtrain")
 

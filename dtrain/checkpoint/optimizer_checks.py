@@ -19,7 +19,7 @@ import torch
 
 from dtrain.config.schema import Optimizer as OptimizerConfig
 from dtrain.errors import DtrainError
-from dtrain.optim import param_grouping
+from dtrain.step.optimizer import param_grouping
 
 logger = logging.getLogger("dtrain")
 GROUPS_PREFIX = "param_groups."
@@ -37,7 +37,7 @@ def group_values(optimizer_state: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_grouping(path: Path, saved: str, ours: str) -> None:
-    """Refuse a checkpoint whose parameter grouping (dtrain.optim.param_grouping) is not this run's."""
+    """Refuse a checkpoint whose parameter grouping (dtrain.step.optimizer.param_grouping) is not this run's."""
     if not saved or saved == ours:
         return
     raise DtrainError(

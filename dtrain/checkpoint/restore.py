@@ -37,11 +37,16 @@ from dtrain.checkpoint.optimizer_checks import (
     restore_group_settings,
 )
 from dtrain.checkpoint.safe_reading import UnsafeCheckpoint
-from dtrain.checkpoint.spellings import family_spellings, find_spelling, model_fqns, whole_tensor_batches
+from dtrain.checkpoint.spellings import (
+    family_spellings,
+    find_spelling,
+    model_fqns,
+    whole_tensor_batches,
+)
 from dtrain.errors import DtrainError
-from dtrain.low_bit_optim import low_bit_suffix
 from dtrain.models.family import WeightSpelling
-from dtrain.optim import param_grouping
+from dtrain.precision.low_bit_optim import low_bit_suffix
+from dtrain.step.optimizer import param_grouping
 
 logger = logging.getLogger("dtrain")
 FALLBACK_HINT = "set checkpoint.fallback_to_previous = true to resume from the previous complete checkpoint"

@@ -185,22 +185,22 @@ MEANING_DIFFERENCES = {
 # tests/reference/test_torchtitan_config_keys.py checks that each named test exists.
 _PARSED = "tests/reference/test_torchtitan_config_keys.py::test_both_parse_the_same_values_from_the_same_file_and_flags"
 _TRAINS = "tests/reference/test_torchtitan_training.py::test_torchtitan_toml_trains_torchtitans_curve"
-_PROFILE = "tests/test_profiling.py::test_profiler_writes_traces_at_the_end_of_each_window"
-_SNAPSHOT = "tests/test_profiling.py::test_memory_snapshot_dumps_every_profile_freq_steps_on_cuda (CUDA)"
+_PROFILE = "tests/observe/test_profiling.py::test_profiler_writes_traces_at_the_end_of_each_window"
+_SNAPSHOT = "tests/observe/test_profiling.py::test_memory_snapshot_dumps_every_profile_freq_steps_on_cuda (CUDA)"
 _BACKGROUND = "tests/data/test_data_background.py::test_every_setting_gives_the_same_batches_and_state"
-_VALIDATOR = "tests/trainer/test_validation.py::test_validator_runs_its_batches_and_reports_perplexity"
+_VALIDATOR = "tests/run/test_validation.py::test_validator_runs_its_batches_and_reports_perplexity"
 _VALIDATION_LOADER = (
-    "tests/trainer/test_validation.py::"
+    "tests/run/test_validation.py::"
     "test_background_loading_reads_the_same_batches_at_every_evaluation"
 )
 _FLOAT8 = "tests/parallelize/test_float8.py::test_converts_the_linears_that_fit_and_are_not_filtered"
 _FLOAT8_FSDP = "tests/parallelize/test_float8.py::test_precompute_hook_only_with_fsdp_float8_all_gather"
 _MX = "tests/parallelize/test_mx.py::test_converts_the_linears_that_fit_the_mx_block_and_are_not_filtered"
 _COMPILED_RUN = (
-    "tests/trainer/test_compile_report.py::"
+    "tests/observe/test_compile_report.py::"
     "test_the_trainer_writes_the_report_logs_it_once_and_dumps_inductor_code_of_the_first_step"
 )
-_DETERMINISM = "tests/trainer/test_step.py::test_deterministic_warn_only_warns_instead_of_raising"
+_DETERMINISM = "tests/step/test_step.py::test_deterministic_warn_only_warns_instead_of_raising"
 TESTED_SAME = {
     "job.config_file": "tests/config/test_config_resolution.py::test_existing_path_is_used_as_is",
     "job.dump_folder": "tests/e2e/test_run_train_cli.py::test_debug_model_trains_writes_outputs_and_is_deterministic",
@@ -388,12 +388,12 @@ TESTED_SAME = {
     ),
     "validation.enable": "tests/e2e/test_run_train_validation.py::test_pipeline_run_validates_every_freq_steps",
     "validation.dataset": "tests/data/test_data_c4.py::test_c4_validation_reads_the_validation_split_only",
-    "validation.dataset_path": "tests/trainer/test_validation.py::test_a_files_side_depends_on_its_path_alone",
+    "validation.dataset_path": "tests/run/test_validation.py::test_a_files_side_depends_on_its_path_alone",
     "validation.local_batch_size": _VALIDATOR,
     "validation.seq_len": _VALIDATOR,
     "validation.freq": "tests/e2e/test_run_train_validation.py::test_pipeline_run_validates_every_freq_steps",
     "validation.steps": (
-        f"{_VALIDATOR}; -1: tests/trainer/test_validation.py::"
+        f"{_VALIDATOR}; -1: tests/run/test_validation.py::"
         "test_steps_minus_one_counts_the_whole_set_in_full_global_batches"
     ),
     "validation.dataloader.num_workers": _VALIDATION_LOADER,

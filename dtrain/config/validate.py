@@ -16,7 +16,7 @@ from dtrain.config.schema import JobConfig
 from dtrain.config.values import coerce_value, show_value
 from dtrain.data.mixture import MIXABLE_KINDS, parse_mixture
 from dtrain.errors import ConfigError
-from dtrain.low_bit_optim import low_bit_format
+from dtrain.precision.low_bit_optim import low_bit_format
 
 # Pipeline schedules by the names torch.distributed.pipelining knows them; matched case-insensitively.
 PIPELINE_SCHEDULES = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dtrain.rng import derive_seed
+from dtrain.step.rng import derive_seed
 
 ROUNDS = 6
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)

@@ -18,10 +18,14 @@ from typing import Union
 import numpy as np
 
 from dtrain.config.schema import Training
-from dtrain.data.file_readers import FILE_STRIDE, SUPPORTED_SUFFIXES, read_file_documents
+from dtrain.data.file_readers import (
+    FILE_STRIDE,
+    SUPPORTED_SUFFIXES,
+    read_file_documents,
+)
 from dtrain.data.tokenizer import Tokenizer
 from dtrain.errors import DataError
-from dtrain.rng import derive_seed
+from dtrain.step.rng import derive_seed
 
 Document = Union[str, Sequence[int], np.ndarray]
 # The built-in corpus keeps one file in this many out of training, for validation (see BuiltinSource).

@@ -41,8 +41,8 @@ from dtrain.data.token_shards import (
 )
 from dtrain.data.tokenizer import Tokenizer
 from dtrain.data.workers import TokenizerPool
-from dtrain.durable import fsync_path
 from dtrain.errors import DataError, first_line
+from dtrain.reliability.durable import fsync_path
 
 # A shard of this many tokens is 256 MiB in uint16: few files for a large corpus, little to redo after a crash.
 DEFAULT_SHARD_TOKENS = 2**27

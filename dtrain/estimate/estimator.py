@@ -23,20 +23,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dtrain.checks import model_args, model_description, model_family
 from dtrain.config.schema import JobConfig
 from dtrain.data.tokenizer import build_tokenizer
-from dtrain.distributed import World
 from dtrain.errors import DataError
-from dtrain.estimate.communication import Collective, StepShape, intra_node, step_collectives
+from dtrain.estimate.communication import (
+    Collective,
+    StepShape,
+    intra_node,
+    step_collectives,
+)
 from dtrain.estimate.hardware import Hardware
-from dtrain.hf_start import HFStart
-from dtrain.layout import build_layout, check_layout, parallel_dims
-from dtrain.memory_preflight import MemoryEstimate, Workload, estimate_memory
-from dtrain.model_args import base_args, typed_overrides
 from dtrain.parallelize import FamilySpec
 from dtrain.parallelize.pipeline_bubble import bubble_fraction
 from dtrain.parallelize.pipeline_split import StageModule, split_model
+from dtrain.run.hf_start import HFStart
+from dtrain.run.layout import build_layout, check_layout, parallel_dims
+from dtrain.run.memory_preflight import MemoryEstimate, Workload, estimate_memory
+from dtrain.run.model_args import base_args, typed_overrides
+from dtrain.run.prepare import model_args, model_description, model_family
+from dtrain.run.world import World
 
 
 @contextlib.contextmanager

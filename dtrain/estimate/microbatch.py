@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from dtrain.checks import model_family
 from dtrain.config.schema import JobConfig
 from dtrain.errors import ConfigError
 from dtrain.estimate.estimator import estimate, fake_world
 from dtrain.estimate.hardware import Hardware
-from dtrain.layout import build_layout, parallel_dims
 from dtrain.parallelize.pipeline_split import split_model
+from dtrain.run.layout import build_layout, parallel_dims
+from dtrain.run.prepare import model_family
 
 
 @dataclass(frozen=True)

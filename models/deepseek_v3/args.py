@@ -31,7 +31,7 @@ class DeepSeekV3Args:
     """Shape and numerics of a DeepSeek-V3 transformer. The defaults are the 16B (DeepSeek-V2-Lite) shape.
 
     The MoE settings are flat ``moe_*`` fields (as Qwen3-MoE's are) so that ``[model.args]`` overrides them one by
-    one and the run's config.toml records them (dtrain/model_args.py handles scalars only); ``moe`` assembles them
+    one and the run's config.toml records them (dtrain/run/model_args.py handles scalars only); ``moe`` assembles them
     into the ``MoEArgs`` of models/moe.py, whose checks they pass at construction.
     """
 

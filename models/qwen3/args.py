@@ -9,7 +9,7 @@ small models tie the embedding to the head. Every flavor name torchtitan 0.2.2 d
 Qwen3-MoE is the same decoder whose every feed-forward is a routed mixture of SwiGLU experts (``models/moe.py``:
 softmax scores, top-k, optionally renormalised, no shared experts). Its settings are flat ``moe_*`` fields rather
 than a nested dataclass so that ``[model.args]`` overrides them one by one and the run's config.toml records them
-like any other field (dtrain/model_args.py handles scalars only); ``Qwen3Args.moe`` assembles them.
+like any other field (dtrain/run/model_args.py handles scalars only); ``Qwen3Args.moe`` assembles them.
 """
 
 from __future__ import annotations

@@ -12,15 +12,15 @@ from torch.distributed.tensor import DTensor
 from dtrain.checkpoint import CheckpointManager
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_dataloader, build_tokenizer
-from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.models.llama3 import Llama3Args, RopeScaling
 from dtrain.models.qwen3 import QWEN3_FLAVORS
-from dtrain.optim import build_optimizers
 from dtrain.parallelize import get_family
-from dtrain.rng import seed_everything
-from dtrain.state import RankCoordinates, TrainState
-from dtrain.step import cross_entropy_sum, train_step
-from dtrain.step_executor import LocalExecutor
+from dtrain.step.executor import LocalExecutor
+from dtrain.step.lr_schedule import build_lr_scheduler
+from dtrain.step.optimizer import build_optimizers
+from dtrain.step.rng import seed_everything
+from dtrain.step.state import RankCoordinates, TrainState
+from dtrain.step.train_step import cross_entropy_sum, train_step
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,12 +13,18 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from checkpoint_helpers import FAMILY_ARGS, make_cfg, manager_for, tiny_model, tiny_state, train
+from checkpoint_helpers import (
+    FAMILY_ARGS,
+    make_cfg,
+    manager_for,
+    tiny_model,
+    tiny_state,
+    train,
+)
 from torch.distributed.tensor import DTensor
 
 from dtrain.checkpoint.dcp_io import model_state_dict
 from dtrain.checkpoint.hf_io import iter_hf_weights, load_hf_weights
-from dtrain.layout import ParallelLayout, RankCoordinates
 from dtrain.parallelize import (
     ParallelDims,
     ParallelizeOptions,
@@ -27,8 +33,9 @@ from dtrain.parallelize import (
     init_weights_like_single_device,
 )
 from dtrain.parallelize.pipeline_split import StageModule
-from dtrain.step import cross_entropy_sum
-from dtrain.step_executor import build_step_executor
+from dtrain.run.layout import ParallelLayout, RankCoordinates
+from dtrain.step.executor import build_step_executor
+from dtrain.step.train_step import cross_entropy_sum
 
 STEPS, SAVED_STEP = 6, 4
 FAMILIES = tuple(FAMILY_ARGS)

@@ -9,10 +9,10 @@ from checkpoint_helpers import REPO_ROOT, make_cfg, manager_for, tiny_state
 
 from dtrain.checkpoint.dcp_io import read_full_weights
 from dtrain.checkpoint.folders import read_record
-from dtrain.checks import model_args
 from dtrain.config import to_toml
-from dtrain.parallelize import get_family
 from dtrain.models.llama3 import Transformer
+from dtrain.parallelize import get_family
+from dtrain.run.prepare import model_args
 
 
 def load_script():

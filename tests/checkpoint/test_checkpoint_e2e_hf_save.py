@@ -14,10 +14,10 @@ from run_train_helpers import FP32
 from dtrain.checkpoint.dcp_io import read_full_weights
 from dtrain.checkpoint.folders import read_record
 from dtrain.checkpoint.hf_io import build_adapter, load_hf_weights
-from dtrain.checks import model_args
 from dtrain.config import load_config
 from dtrain.data import build_tokenizer
 from dtrain.parallelize import get_family
+from dtrain.run.prepare import model_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

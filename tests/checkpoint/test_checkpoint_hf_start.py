@@ -13,12 +13,12 @@ from e2e_checkpoint_helpers import run_train
 
 from dtrain.checkpoint.dcp_io import model_state_dict
 from dtrain.checkpoint.hf_io import save_hf
-from dtrain.checks import prepare
 from dtrain.config import load_config
 from dtrain.errors import ConfigError
 from dtrain.models.llama3 import LLAMA3_FLAVORS
 from dtrain.models.qwen3 import QWEN3_FLAVORS
 from dtrain.parallelize import get_family
+from dtrain.run.prepare import prepare
 
 # The byte tokenizer has 258 tokens; HF models made for these tests have 320 rows, as a run would round them.
 HF_ARGS = {

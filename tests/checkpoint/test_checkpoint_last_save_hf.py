@@ -8,15 +8,22 @@ import json
 
 import pytest
 import torch
-from checkpoint_helpers import FAMILY_ARGS, make_cfg, manager_for, tiny_model, tiny_state, train
+from checkpoint_helpers import (
+    FAMILY_ARGS,
+    make_cfg,
+    manager_for,
+    tiny_model,
+    tiny_state,
+    train,
+)
 from safetensors import safe_open
 
 from dtrain.checkpoint import check_checkpoint_config
-from dtrain.checks import prepare
-from dtrain.config import load_config
 from dtrain.checkpoint.folders import DamagedCheckpoint, read_record
 from dtrain.checkpoint.hf_io import build_adapter, load_hf_weights
+from dtrain.config import load_config
 from dtrain.errors import ConfigError
+from dtrain.run.prepare import prepare
 
 
 def train_to_the_end(cfg):

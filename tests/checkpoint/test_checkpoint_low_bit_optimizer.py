@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from dtrain.checkpoint import check_checkpoint_config
 from dtrain.checkpoint.restore import check_optimizer
 from dtrain.errors import ConfigError, DtrainError
-from dtrain.step import train_step
+from dtrain.step.train_step import train_step
 
 STATE_CLASSES = {"AdamW8bit": "OptimState8bit", "AdamW4bit": "OptimState4bit", "AdamWFp8": "OptimStateFp8"}
 
@@ -56,7 +56,7 @@ def identical_states(saved, resumed) -> bool:
     return True
 
 
-@pytest.mark.slow  # torchao compiles its step (see tests/trainer/test_optim.py)
+@pytest.mark.slow  # torchao compiles its step (see tests/step/test_optim.py)
 @pytest.mark.parametrize("name", list(STATE_CLASSES))
 def test_quantized_moments_resume_bit_identically(run_dir, name):
     cfg = make_cfg(run_dir)
@@ -123,7 +123,7 @@ def save_and_resume_each_format_under_fsdp2(rank: int, world_size: int, root: st
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_quantized_dtensor_moments_resume_bit_identically_under_fsdp2(tmp_path):
-    # The formats run one after another on the same parameters: without dtrain.optim's own compile cache key per
+    # The formats run one after another on the same parameters: without dtrain.step.optimizer's own compile cache key per
     # format, torch 2.13 hands the second one the first one's compiled step.
     reports = run_world(2, save_and_resume_each_format_under_fsdp2, str(tmp_path))
     for name, report in reports.items():

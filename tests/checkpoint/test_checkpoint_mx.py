@@ -8,9 +8,9 @@ import pytest
 import torch
 from checkpoint_helpers import make_cfg, manager_for, tiny_model, tiny_state, train
 
-from dtrain.mx import build_mx_training
 from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED
-from dtrain.rng import seed_everything
+from dtrain.precision.mx import build_mx_training
+from dtrain.step.rng import seed_everything
 
 pytest.importorskip("torchao.prototype.moe_training")
 pytestmark = pytest.mark.skipif(not MXFP8_TRAINING_SUPPORTED, reason="torchao's MXFP8 training needs torch 2.13")

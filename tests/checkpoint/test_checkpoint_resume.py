@@ -12,7 +12,7 @@ from dtrain.checkpoint import scan_checkpoints
 from dtrain.checkpoint.folders import read_record
 from dtrain.errors import DtrainError
 from dtrain.models.llama3 import Transformer
-from dtrain.rng import seed_everything
+from dtrain.step.rng import seed_everything
 
 
 def reference_losses(cfg, steps=6):

@@ -12,10 +12,10 @@ from test_checkpoint_convert import load_script
 from test_checkpoint_hf_start import write_hf
 
 from dtrain.checkpoint.hf_io import iter_hf_weights
-from dtrain.checks import prepare
 from dtrain.config import load_config, to_toml
 from dtrain.generate import main as generate_main
 from dtrain.parallelize import get_family
+from dtrain.run.prepare import prepare
 
 PROMPT = ["--prompt_ids", "5,17,33,9", "--max_new_tokens", "8", "--device", "cpu", "--ignore_eos"]
 

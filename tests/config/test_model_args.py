@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dtrain.checks import prepare
 from dtrain.config import format_help, to_toml
 from dtrain.errors import ConfigError
 from dtrain.parallelize import get_family
+from dtrain.run.prepare import prepare
 
 
 def test_toml_table_and_flags_merge_flags_last(load, configs_dir: Path):

@@ -127,7 +127,7 @@ def test_deterministic_warn_only_needs_deterministic(tmp_path):
 
 
 def test_save_config_file_writes_the_resolved_config_as_json(tmp_path):
-    from dtrain.train import write_run_files
+    from dtrain.run.train import write_run_files
 
     cfg = load(FIXTURES / "llama3_8b.toml", "--job.save_config_file", "configs/job_config.json")
     write_run_files(cfg, SimpleNamespace(rank=0), tmp_path)

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-
 from list_source import ListSource
 
 from dtrain.config.schema import JobConfig
@@ -18,8 +17,8 @@ from dtrain.data.samples import TokenSamples
 from dtrain.data.token_shards import TokenShards
 from dtrain.data.tokenize_corpus import tokenize_corpus
 from dtrain.errors import ConfigError, DataError
-from dtrain.state import RankCoordinates
-from dtrain.validation import build_validator
+from dtrain.run.validation import build_validator
+from dtrain.step.state import RankCoordinates
 
 # 40 documents of varied lengths: about 2,700 byte tokens with BOS/EOS.
 DOCS = [f"document {i}: " + "lorem ipsum dolor sit amet " * (i % 7) for i in range(40)]

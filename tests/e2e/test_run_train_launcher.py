@@ -11,7 +11,7 @@ import time
 import pytest
 from run_train_helpers import TINY, children, run_train, start_two_process_run
 
-from dtrain.launcher import filter_output, outcomes, summary
+from dtrain.reliability.launcher import filter_output, outcomes, summary
 
 DIVERGING = [*TINY, "--optimizer.lr", "1e4", "--lr_scheduler.warmup_steps", "0", "--model.args.n_layers", "1"]
 

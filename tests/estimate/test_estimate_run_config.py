@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from dtrain.checks import model_description, prepare
 from dtrain.config import load_config, to_toml
 from dtrain.errors import ConfigError
 from dtrain.estimate import estimate, load_hardware
 from dtrain.parallelize import get_family
+from dtrain.run.prepare import model_description, prepare
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = load_hardware("cpu")

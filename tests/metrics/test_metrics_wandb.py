@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dtrain.checks import prepare
 from dtrain.errors import ConfigError
 from dtrain.metrics.logger import MetricsLogger
 from dtrain.metrics.sinks import check_wandb_installed
+from dtrain.run.prepare import prepare
 
 CPU = torch.device("cpu")
 

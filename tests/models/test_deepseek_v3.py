@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from dtrain.models import count_params
+from dtrain.models.decoding import generate
 from dtrain.models.deepseek_v3 import (
     DEEPSEEK_V3,
     DEEPSEEK_V3_FLAVORS,
@@ -21,8 +22,11 @@ from dtrain.models.deepseek_v3 import (
     active_params,
     num_flops_per_token,
 )
-from dtrain.models.deepseek_v3.yarn import precompute_yarn_rope_cache, softmax_scale_factor, table_scale
-from dtrain.models.generate import generate
+from dtrain.models.deepseek_v3.yarn import (
+    precompute_yarn_rope_cache,
+    softmax_scale_factor,
+    table_scale,
+)
 
 # v_head_dim (12) differs from the query/key head size (16 + 8), YaRN is on with different mscales (so both of its
 # factors differ from 1) and an original length shorter than the tests' sequences, and the MoE routes like

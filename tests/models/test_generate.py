@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dtrain.models.attention import CausalSDPA
-from dtrain.models.generate import Sampling, _keep_top_p, generate
+from dtrain.models.decoding import Sampling, _keep_top_p, generate
 from dtrain.models.kv_cache import CachedAttention, kv_cache
 from dtrain.models.llama3 import Transformer
 from dtrain.models.qwen3 import Qwen3Args, Qwen3Transformer

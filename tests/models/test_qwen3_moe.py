@@ -12,14 +12,20 @@ import torch
 
 from dtrain.checkpoint.dcp_io import model_state_dict
 from dtrain.checkpoint.hf_io import load_hf_weights, safetensors_index, save_hf
-from dtrain.checks import prepare
 from dtrain.config import load_config, to_toml
 from dtrain.errors import ConfigError
 from dtrain.models import count_params
+from dtrain.models.decoding import generate
 from dtrain.models.flops import matmul_params
-from dtrain.models.generate import generate
 from dtrain.models.moe import MoE
-from dtrain.models.qwen3 import QWEN3, QWEN3_FLAVORS, Qwen3Args, Qwen3HFAdapter, Qwen3Transformer
+from dtrain.models.qwen3 import (
+    QWEN3,
+    QWEN3_FLAVORS,
+    Qwen3Args,
+    Qwen3HFAdapter,
+    Qwen3Transformer,
+)
+from dtrain.run.prepare import prepare
 
 # 8 experts of width 32, 2 per token, with head_dim independent of dim; hidden_dim is HF's unused
 # intermediate_size.

@@ -20,7 +20,7 @@ import torch
 import torch.multiprocessing as mp
 
 PROCESS_GROUP_TIMEOUT_S = 120
-PRELOAD = ["torch", "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "dtrain.parallelize", "dtrain.step"]
+PRELOAD = ["torch", "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "dtrain.parallelize", "dtrain.step.train_step"]
 
 
 def _entry(rank: int, world_size: int, folder: str, fn: Callable, args: tuple) -> None:

@@ -18,18 +18,12 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch.distributed.tensor import DTensor
 
-from dtrain.compile_report import collect_compile_report
 from dtrain.config.schema import JobConfig, LRScheduler, Optimizer
 from dtrain.data.dataloader import document_ids
-from dtrain.distributed import dp_rank_and_size
-from dtrain.float8 import Float8Training, build_float8_training
-from dtrain.mx import MXTraining, build_mx_training
-from dtrain.layout import ParallelLayout, RankCoordinates
-from dtrain.lr_schedule import build_lr_scheduler
 from dtrain.models.deepseek_v3 import DeepSeekV3Args
 from dtrain.models.llama3 import Llama3Args
 from dtrain.models.qwen3 import Qwen3Args
-from dtrain.optim import build_optimizers
+from dtrain.observe.compile_report import collect_compile_report
 from dtrain.parallelize import (
     ParallelDims,
     ParallelizeOptions,
@@ -44,9 +38,15 @@ from dtrain.parallelize.mesh import ParallelMesh
 from dtrain.parallelize.mixed_precision import autocast_forward
 from dtrain.parallelize.pipeline_plan import PipelinePlan
 from dtrain.parallelize.pipeline_split import StageModule
-from dtrain.state import TrainState
-from dtrain.step import IGNORE_INDEX, cross_entropy_sum, train_step
-from dtrain.step_executor import build_step_executor
+from dtrain.precision.float8 import Float8Training, build_float8_training
+from dtrain.precision.mx import MXTraining, build_mx_training
+from dtrain.run.layout import ParallelLayout, RankCoordinates
+from dtrain.run.world import dp_rank_and_size
+from dtrain.step.executor import build_step_executor
+from dtrain.step.lr_schedule import build_lr_scheduler
+from dtrain.step.optimizer import build_optimizers
+from dtrain.step.state import TrainState
+from dtrain.step.train_step import IGNORE_INDEX, cross_entropy_sum, train_step
 
 ARGS = Llama3Args(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=32, ffn_dim_multiplier=None, max_seq_len=16
@@ -455,7 +455,6 @@ def parity_tests(world_size: int, layouts: list[Layout]):
         report, test_layout_matches_single_process = parity_tests(2, LAYOUTS)
     """
     import pytest
-
     from dist_harness import run_world
 
     @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from dist_harness import run_world
 
-from dtrain.distributed import is_timeout, set_collective_timeout
+from dtrain.run.world import is_timeout, set_collective_timeout
 
 
 def wait_on_a_silent_peer(rank: int, world_size: int):

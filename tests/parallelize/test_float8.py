@@ -10,16 +10,21 @@ import sys
 
 import pytest
 import torch
+from parity_layouts import (
+    ARGS,
+    build_parallel_model,
+    converter_config,
+    max_relative_diff,
+    new_state,
+    run_steps,
+    single_process_run,
+    whole_model,
+)
 from torch import nn
 
 from dtrain.config import JobConfig
-from dtrain.float8 import build_float8_training
 from dtrain.parallelize import ParallelDims, ParallelizeOptions
-
-from parity_layouts import (
-    ARGS, build_parallel_model, converter_config, max_relative_diff, new_state, run_steps, single_process_run,
-    whole_model,
-)
+from dtrain.precision.float8 import build_float8_training
 
 pytest.importorskip("torchao.float8")
 
@@ -118,7 +123,11 @@ def chosen_styles(model: nn.Module, plan: dict, float8_collectives: bool) -> dic
 
 def sequence_parallel_plan() -> dict:
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+    )
 
     return {
         "*": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from parity_layouts import ARGS, converter_config, max_relative_diff, single_process_run
 from torch import nn
 
 from dtrain.config import JobConfig
-from dtrain.mx import build_mx_training
 from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED
-
-from parity_layouts import ARGS, converter_config, max_relative_diff, single_process_run
+from dtrain.precision.mx import build_mx_training
 
 pytest.importorskip("torchao.prototype.moe_training")
 pytestmark = pytest.mark.skipif(not MXFP8_TRAINING_SUPPORTED, reason="torchao's MXFP8 training needs torch 2.13")

@@ -15,12 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-
 from dist_harness import run_world
-from dtrain.distributed import dp_rank_and_size
-from dtrain.parallelize import ParallelDims, ParallelizeOptions
-from dtrain.step import IGNORE_INDEX, train_step
-from dtrain.validation import validation_loss
 from parity_layouts import (
     SEED,
     TOKEN_IDS,
@@ -34,6 +29,11 @@ from parity_layouts import (
     whole_model,
 )
 from test_pipeline_parity import PIPELINE_ARGS, PipelineLayout, pipelined_state
+
+from dtrain.parallelize import ParallelDims, ParallelizeOptions
+from dtrain.run.validation import validation_loss
+from dtrain.run.world import dp_rank_and_size
+from dtrain.step.train_step import IGNORE_INDEX, train_step
 
 pytestmark = pytest.mark.multiprocess
 

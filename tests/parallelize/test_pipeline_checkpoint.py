@@ -13,14 +13,21 @@ import os
 
 import pytest
 import torch.distributed.checkpoint as dcp
-
 from dist_harness import run_world
-from dtrain.parallelize import ParallelDims
-from dtrain.state import TrainState
 from parity_layouts import (
-    GLOBAL_BATCH, SEQ_LEN, build_parallel_model, max_relative_diff, mesh_for, new_state, run_steps, whole_model,
+    GLOBAL_BATCH,
+    SEQ_LEN,
+    build_parallel_model,
+    max_relative_diff,
+    mesh_for,
+    new_state,
+    run_steps,
+    whole_model,
 )
 from test_pipeline_parity import ARGS, PipelineLayout, pipelined_state, reference_run
+
+from dtrain.parallelize import ParallelDims
+from dtrain.step.state import TrainState
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 

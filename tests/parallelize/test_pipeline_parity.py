@@ -19,20 +19,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-
 from dist_harness import run_world
-from dtrain.parallelize import (
-    ParallelDims,
-    ParallelizeOptions,
-    init_weights_like_single_device,
-    model_fqn,
-    pipeline_schedule,
-)
-from dtrain.parallelize.mesh import ParallelMesh
-from dtrain.parallelize.pipeline_plan import plan_pipeline
-from dtrain.parallelize.pipeline_split import split_model
-from dtrain.parallelize.torch_compat import SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS
-from dtrain.state import TrainState
 from parity_layouts import (
     BF16_LOSS_RTOL,
     FAMILY_ARGS,
@@ -50,6 +37,19 @@ from parity_layouts import (
     run_steps,
     single_process_run,
 )
+
+from dtrain.parallelize import (
+    ParallelDims,
+    ParallelizeOptions,
+    init_weights_like_single_device,
+    model_fqn,
+    pipeline_schedule,
+)
+from dtrain.parallelize.mesh import ParallelMesh
+from dtrain.parallelize.pipeline_plan import plan_pipeline
+from dtrain.parallelize.pipeline_split import split_model
+from dtrain.parallelize.torch_compat import SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS
+from dtrain.step.state import TrainState
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""The reference ring all-reduce (dtrain/collectives.py) equals dist.all_reduce: every group size 2..8, sizes that
+"""The reference ring all-reduce (scripts/ring_all_reduce.py) equals dist.all_reduce: every group size 2..8, sizes that
 n does not divide, sizes below n and empty tensors, sub-groups of scattered ranks, exact integers, every op.
 
 One world of 8 gloo ranks runs everything (a world costs seconds on 2 cores, a sub-group milliseconds): groups of
@@ -8,12 +8,17 @@ Every rank's results come back to the test, since a ring bug can leave one rank'
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
 from dist_harness import run_world
 
-from dtrain.collectives import ring_all_reduce
+# The ring all-reduce is teaching code beside the benchmark that times it (scripts/comm_bench.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from ring_all_reduce import ring_all_reduce  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 

@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dtrain.distributed import backend_for, dp_rank_and_size, sum_over_dp
 from dtrain.models.llama3 import Llama3Args, Transformer
 from dtrain.parallelize import (
     SAC_SAVE_OPS,
@@ -25,6 +24,7 @@ from dtrain.parallelize import (
     model_fqn,
 )
 from dtrain.parallelize.llama3 import llama3_tp_plan, parallelize_llama
+from dtrain.run.world import backend_for, dp_rank_and_size, sum_over_dp
 
 ARGS = Llama3Args(dim=32, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=16, max_seq_len=8)
 aten = torch.ops.aten

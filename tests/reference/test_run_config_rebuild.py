@@ -13,12 +13,12 @@ from test_transformers_roundtrip import BOS, CONFIGS, EOS, original_model, tool
 
 from dtrain.checkpoint.dcp_io import read_tensor_shapes
 from dtrain.checkpoint.hf_io import token_ids
-from dtrain.checks import model_args, prepare
 from dtrain.config import load_config, to_toml
 from dtrain.errors import ConfigError
-from dtrain.hf_start import hf_start
-from dtrain.model_args import UNRECORDED, base_args, shape_table, typed_overrides
 from dtrain.parallelize import FAMILIES, get_family
+from dtrain.run.hf_start import hf_start
+from dtrain.run.model_args import UNRECORDED, base_args, shape_table, typed_overrides
+from dtrain.run.prepare import model_args, prepare
 
 FLAVORS = [(name, flavor) for name, spec in FAMILIES.items() for flavor in spec.model.flavors]
 

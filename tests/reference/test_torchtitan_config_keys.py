@@ -18,14 +18,15 @@ from __future__ import annotations
 import collections
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from reference_scripts import run_reference_script
 
 from dtrain.config import load_config
 from dtrain.config.fields import config_fields, section_of
+from dtrain.config.toml_io import toml_value
 from dtrain.config.torchtitan_keys import (
     DEFAULT_DIFFERENCES,
     MEANING_DIFFERENCES,
@@ -35,7 +36,6 @@ from dtrain.config.torchtitan_keys import (
     TORCHTITAN_V0_2_2_KEYS,
 )
 from dtrain.config.torchtitan_table import key_status
-from dtrain.config.toml_io import toml_value
 
 REPO = Path(__file__).resolve().parents[2]
 TOMLS = sorted((REPO / "tests" / "config" / "torchtitan_v0_2_2").glob("*.toml"))
@@ -200,8 +200,8 @@ def test_gc_freq_and_init_timeout_reach_the_run(tmp_path, monkeypatch):
     comm.init_timeout_seconds."""
     import gc
 
-    from dtrain import train as train_module
-    from dtrain.checks import prepare
+    from dtrain.run import train as train_module
+    from dtrain.run.prepare import prepare
 
     collections_, timeouts = [], []
     real_collect, real_init_world = gc.collect, train_module.init_world

@@ -12,15 +12,15 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from reference_scripts import run_reference_script
 import torch
+from reference_scripts import run_reference_script
 from torchtitan_optim_reference import TinyNet
 
 from dtrain.config.schema import LRScheduler, Optimizer, Training
-from dtrain.lr_schedule import build_lr_scheduler
-from dtrain.optim import build_optimizers
-from dtrain.step import IGNORE_INDEX, cross_entropy_sum
-from dtrain.step_executor import clip_grad_norm
+from dtrain.step.executor import clip_grad_norm
+from dtrain.step.lr_schedule import build_lr_scheduler
+from dtrain.step.optimizer import build_optimizers
+from dtrain.step.train_step import IGNORE_INDEX, cross_entropy_sum
 
 TRAINING_STEPS = 20
 SCHEDULES = [

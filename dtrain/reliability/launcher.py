@@ -1,0 +1,151 @@
+"""What run_train.sh runs torchrun under, so that a multi-process run ends like a single-process one: with one
+`error: ...` line (the first failing rank's) and exit != 0, not torchrun's 40-line failure report.
+
+`python -m dtrain.reliability.launcher LAUNCH_DIR torchrun ARGS...` starts torchrun in its own session and
+- passes the workers' lines (`[rank...`) through (stdout to stdout, stderr to stderr), and sends torchrun's own
+  (banners, warnings, its failure report) to a log file;
+- forwards SIGTERM, SIGUSR1 and SIGINT to torchrun, once each (Ctrl-C reaches only this process, since torchrun
+  runs in its own session), so preemption and Ctrl-C act as with one process;
+- when torchrun fails, prints the first failing rank's line, which each worker left in LAUNCH_DIR/errors
+  (`record_failure`, called by dtrain.main), or torchrun's last line when no worker got to report; the log is
+  kept in the run folder (named in LAUNCH_DIR/run_dir by the launch check) as torchrun-<time>.log.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Iterable
+
+ERROR_DIR_ENV = "DTRAIN_ERROR_DIR"
+
+
+def record_outcome(failed: bool, line: str) -> None:
+    """Leave how this worker ended (a failure's one line, or that it finished) for the launcher; a no-op outside
+    run_train.sh's torchrun."""
+    folder = os.environ.get(ERROR_DIR_ENV)
+    if not folder:
+        return
+    line = line.strip().splitlines()[0] if line.strip() else "failed"
+    kind = "failed" if failed else "ok"
+    Path(folder, f"rank{os.environ.get('RANK', '0')}").write_text(f"{time.time()}\n{kind}\n{line}\n")
+
+
+def record_failure(message: str) -> None:
+    record_outcome(True, message)
+
+
+def filter_output(report: IO[str], lines: Iterable[str], out: IO[str], lock: threading.Lock | None = None) -> None:
+    """Workers' lines (`[rank...`) to `out`, torchrun's own lines to `report`."""
+    lock = lock or threading.Lock()
+    for line in lines:
+        if line.startswith("[rank"):
+            out.write(line)
+            out.flush()
+        else:
+            with lock:
+                report.write(line)
+
+
+def outcomes(error_dir: Path) -> list[tuple[float, str, str, str]]:
+    """(time, rank, "ok" | "failed", line) of every worker that recorded how it ended, earliest first."""
+    found = []
+    for file in error_dir.glob("rank*"):
+        when, kind, line = (file.read_text().split("\n") + ["", ""])[:3]
+        found.append((float(when), file.name.removeprefix("rank"), kind, line.strip()))
+    return sorted(found)
+
+
+def keep_report(report: Path, run_dir: Path | None) -> Path:
+    """torchrun's log, copied into the run folder when there is one."""
+    if run_dir is None or not run_dir.is_dir():
+        return report
+    kept = run_dir / f"torchrun-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.log"
+    shutil.copyfile(report, kept)
+    return kept
+
+
+def summary(error_dir: Path, report: Path, run_dir: Path | None, workers: int, signalled: str | None) -> str | None:
+    """The launcher's last line when torchrun exited non-zero; None when every local worker finished cleanly
+    after a forwarded signal (a preemption: torchrun reports its own signal as a failure)."""
+    ended = outcomes(error_dir)
+    failures = [(rank, line) for _, rank, kind, line in ended if kind == "failed"]
+    if not failures and signalled and len(ended) == workers:
+        return None
+    kept = keep_report(report, run_dir)
+    if failures:
+        rank, line = failures[0]
+        return f"error: {line.removeprefix('error: ')} (rank {rank} failed first; torchrun's report: {kept})"
+    lines = [line.strip() for line in report.read_text(errors="replace").splitlines() if line.strip()]
+    last = lines[-1] if lines else "no output"
+    return f"error: torchrun failed before any worker reported an error: {last} (its report: {kept})"
+
+
+def _workers(command: list[str]) -> int:
+    """How many workers torchrun starts on this node (its --nproc_per_node)."""
+    for flag in ("--nproc_per_node", "--nproc-per-node"):
+        if flag in command:
+            return int(command[command.index(flag) + 1])
+    return 1
+
+
+def launch(launch_dir: Path, command: list[str]) -> int:
+    """Run torchrun's `command` as the module docstring says; returns the launch's exit status."""
+    error_dir = launch_dir / "errors"
+    error_dir.mkdir(exist_ok=True)
+    report = launch_dir / "torchrun.log"
+    env = {**os.environ, ERROR_DIR_ENV: str(error_dir)}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
+    signalled: list[str] = []
+
+    def forward(signum: int, frame) -> None:
+        signalled.append(signal.Signals(signum).name)
+        process.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, forward)
+    # torchrun tees each worker's stdout and stderr to its own: keep them apart, one reader per stream.
+    with open(report, "w", encoding="utf-8") as kept:
+        lock = threading.Lock()
+        readers = [
+            threading.Thread(target=filter_output, args=(kept, stream, out, lock))
+            for stream, out in ((process.stdout, sys.stdout), (process.stderr, sys.stderr))
+        ]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+    status = process.wait()
+    if status == 0:
+        return 0
+    run_dir_file = launch_dir / "run_dir"
+    run_dir = Path(run_dir_file.read_text()) if run_dir_file.is_file() else None
+    line = summary(error_dir, report, run_dir, _workers(command), signalled[0] if signalled else None)
+    if line is None:
+        print(f"stopped on {signalled[0]}: every worker exited cleanly (rerun the same command to resume)",
+              file=sys.stderr)
+        return 0
+    print(line, file=sys.stderr)
+    return status
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        raise SystemExit("usage: python -m dtrain.reliability.launcher LAUNCH_DIR torchrun ARGS...")
+    launch_dir = Path(argv[0])
+    try:
+        return launch(launch_dir, argv[1:])
+    finally:
+        shutil.rmtree(launch_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

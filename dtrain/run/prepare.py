@@ -1,0 +1,142 @@
+"""Everything about a run that can be checked before any process group or run directory exists.
+
+`prepare` resolves the model family, tokenizer, model hyperparameters and parallel degrees for the coming world
+size, raising a one-line DtrainError on the first problem; the trainer then starts from what it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dtrain.checkpoint.config_checks import check_checkpoint_config
+from dtrain.config.schema import JobConfig
+from dtrain.data import build_tokenizer
+from dtrain.errors import ConfigError
+from dtrain.metrics.sinks import check_wandb_installed
+from dtrain.models import ModelFamily
+from dtrain.parallelize import FamilySpec, get_family
+from dtrain.reliability.run_folder_checks import check_run_folder
+from dtrain.run.hf_start import HFStart, hf_start
+from dtrain.run.layout import check_layout
+from dtrain.run.model_args import (
+    apply_overrides,
+    base_args,
+    shape_table,
+    typed_overrides,
+)
+from dtrain.run.world import world_size_from_env
+
+
+@dataclass(frozen=True)
+class Prepared:
+    family: FamilySpec
+    tokenizer: Any
+    model_args: Any
+
+
+def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int, start: HFStart | None = None):
+    """The model's hyperparameters: the flavor's with the `[model.args]` overrides (the vocabulary too, as in
+    torchtitan, or sized for the tokenizer with model.vocab_size_from_tokenizer) and room for seq_len (training's
+    and validation's); or, when the run starts from a Hugging Face checkpoint with a config.json (`start`), that
+    config's, which nothing may contradict. A vocabulary smaller than the tokenizer's is refused: ids past the
+    embedding would fail inside the first forward."""
+    overrides = typed_overrides(family, cfg.model.args)
+    if start is not None:
+        base, vocab_size = _agreeing_with(start, overrides, cfg.model.tie_word_embeddings), start.args.vocab_size
+        if vocab_size < tokenizer_vocab:
+            raise ConfigError(
+                f"{start.source} has vocab_size {vocab_size}, fewer than the tokenizer's {tokenizer_vocab} tokens "
+                "(model.hf_assets_path should hold this checkpoint's tokenizer)"
+            )
+    else:
+        base = base_args(family, cfg.model.flavor, overrides)
+        vocab_size = base.vocab_size
+        if cfg.model.vocab_size_from_tokenizer and "vocab_size" not in overrides:
+            multiple = cfg.model.vocab_size_multiple_of
+            vocab_size = -(-tokenizer_vocab // multiple) * multiple
+        if vocab_size < tokenizer_vocab:
+            where = (
+                f"model.args.vocab_size={vocab_size} is" if "vocab_size" in overrides
+                else f"model.flavor '{cfg.model.flavor}' has vocab_size {vocab_size},"
+            )
+            raise ConfigError(
+                f"{where} smaller than the tokenizer's {tokenizer_vocab} tokens (valid: model.args.vocab_size >= "
+                f"{tokenizer_vocab}, or model.vocab_size_from_tokenizer = true)"
+            )
+    tie = base.tie_word_embeddings if cfg.model.tie_word_embeddings is None else cfg.model.tie_word_embeddings
+    seq_len = max(cfg.training.seq_len, cfg.validation.seq_len if cfg.validation.enable else 0)
+    return apply_overrides(
+        family, base, dict(vocab_size=vocab_size, max_seq_len=max(base.max_seq_len, seq_len), tie_word_embeddings=tie)
+    )
+
+
+def _agreeing_with(start: HFStart, overrides: dict[str, Any], tie: bool | None) -> Any:
+    """The config.json's shape, after checking that no explicit setting says otherwise, with the settings that are
+    the run's to choose (the adapter's RUN_FIELDS: max_seq_len, a MoE's balancing) as given."""
+    run_fields = start.family.model.hf_adapter.RUN_FIELDS
+    for name, value in overrides.items():
+        if name not in run_fields and getattr(start.args, name) != value:
+            raise ConfigError(
+                f"model.args.{name}={value} contradicts {start.source}, which has {getattr(start.args, name)}"
+            )
+    if tie is not None and tie != start.args.tie_word_embeddings:
+        raise ConfigError(
+            f"model.tie_word_embeddings={str(tie).lower()} contradicts {start.source}, which has "
+            f"tie_word_embeddings {str(start.args.tie_word_embeddings).lower()}"
+        )
+    return apply_overrides(start.family.model, start.args, {k: v for k, v in overrides.items() if k in run_fields})
+
+
+def model_family(cfg: JobConfig) -> tuple[FamilySpec, HFStart | None]:
+    """The run's model family, and the Hugging Face config.json it starts from if any (which then decides family
+    and shape); model.name becomes the family's name and, for such a start, model.flavor empty: the shape came
+    from no flavor. Training, the estimator and the tools resolve it alike."""
+    start = hf_start(cfg)
+    try:
+        family = start.family if start is not None else get_family(cfg.model.name)
+    except ValueError as err:
+        raise ConfigError(f"model.name: {err}") from None
+    cfg.model.name = family.name
+    if start is not None:
+        cfg.model.flavor = ""
+    return family, start
+
+
+def model_description(cfg: JobConfig) -> str:
+    """The model, as the lines that name it say: family and flavor, or, for a config with no flavor, where its
+    shape comes from (the Hugging Face folder the run starts from, else [model.args], which then gives every
+    field)."""
+    m, c = cfg.model, cfg.checkpoint
+    if m.flavor:
+        return f"{m.name} {m.flavor}"
+    if c.initial_load_in_hf and c.initial_load_path:
+        return f"{m.name} (from {c.initial_load_path})"
+    return f"{m.name}, shape as given by model.args"
+
+
+def check_hf_exportable(cfg: JobConfig, family: FamilySpec, args) -> None:
+    """A last save in Hugging Face's form is refused now, not after training, when that form cannot express this
+    model (e.g. torchtitan's DeepSeek-V3 norm eps)."""
+    if not (cfg.checkpoint.enable and cfg.checkpoint.last_save_in_hf):
+        return
+    try:
+        family.model.hf_adapter(args).hf_config(torch.float32)
+    except ValueError as err:
+        raise ConfigError(f"checkpoint.last_save_in_hf: {err}") from None
+
+
+def prepare(cfg: JobConfig) -> Prepared:
+    family, start = model_family(cfg)
+    tokenizer = build_tokenizer(cfg.model)
+    args = model_args(cfg, family.model, tokenizer.vocab_size, start)
+    # The run's config.toml records the whole shape it trains, so that it rebuilds the same model by itself.
+    cfg.model.args = shape_table(args)
+    check_layout(cfg, world_size_from_env(), family, args)
+    check_checkpoint_config(cfg, world_size_from_env())
+    check_hf_exportable(cfg, family, args)
+    check_wandb_installed(cfg.metrics.enable_wandb)
+    check_run_folder(cfg)
+    return Prepared(family, tokenizer, args)

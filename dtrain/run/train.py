@@ -1,0 +1,110 @@
+"""The training loop: build the TrainState from the config, then step, log and profile until done.
+
+Setup reads top to bottom in the order things must happen: distributed world, tokenizer, model on the meta
+device, parallelize, materialize and initialise, optimizer and schedule, data, state. The loop itself only
+fetches a batch, calls `train_step` and hands the returned tensors to the metrics logger every `log_freq` steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from pathlib import Path
+
+from dtrain.checkpoint import CheckpointManager
+from dtrain.config import to_toml
+from dtrain.config.schema import JobConfig
+from dtrain.config.toml_io import config_to_dict
+from dtrain.errors import DtrainError, first_line
+from dtrain.metrics import MetricsLogger
+from dtrain.observe.compile_cache import PortableCompileCache
+from dtrain.reliability.run_lock import locked_run_folder
+from dtrain.run.build_state import build_train_state, whole_model_params
+from dtrain.run.layout import build_layout
+from dtrain.run.layout_report import compute_dtype, describe_layout, log_parallel_plans
+from dtrain.run.loop import run_loop
+from dtrain.run.prepare import Prepared, model_description
+from dtrain.run.validation import build_validator
+from dtrain.run.world import World, init_world, is_timeout
+from dtrain.step.rng import set_determinism
+
+logger = logging.getLogger("dtrain")
+
+
+def write_run_files(cfg: JobConfig, world: World, run_dir: Path) -> None:
+    """Write the resolved config into the run directory (rank 0 only): config.toml, and the JSON copy that
+    torchtitan's job.save_config_file asks for."""
+    if world.rank == 0:
+        (run_dir / "config.toml").write_text(to_toml(cfg))
+        if cfg.job.save_config_file:
+            json_file = run_dir / cfg.job.save_config_file
+            json_file.parent.mkdir(parents=True, exist_ok=True)
+            json_file.write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
+
+
+def train(cfg: JobConfig, prepared: Prepared) -> None:
+    """Run the configured training to completion, starting from what `checks.prepare` resolved."""
+    family, tokenizer, args = prepared.family, prepared.tokenizer, prepared.model_args
+    with contextlib.ExitStack() as stack:
+        world = stack.enter_context(init_world(cfg.comm.init_timeout_seconds))
+        # Locked before anything is built or written: a second launch into a live run's folder ends here.
+        run_dir = stack.enter_context(locked_run_folder(Path(cfg.job.dump_folder), world.rank, world.distributed))
+        layout = build_layout(cfg, world, family, args)
+        set_determinism(cfg.debug.deterministic, cfg.debug.deterministic_warn_only)
+        state = build_train_state(cfg, world, layout, family, args, tokenizer)
+        validator = build_validator(cfg, layout.rank, tokenizer, world.device)
+        checkpoints = CheckpointManager(cfg, run_dir, world.rank, world.world_size, state, model_args=args)
+        if cfg.checkpoint.create_seed_checkpoint:
+            write_run_files(cfg, world, run_dir)
+            checkpoints.save_seed_checkpoint()
+            checkpoints.close()
+            return
+        checkpoints.restore_at_startup()
+        # Only now is the run accepted: a refused resume leaves an existing run folder as it was.
+        write_run_files(cfg, world, run_dir)
+        accumulation = layout.dims.gradient_accumulation_steps(
+            cfg.training.local_batch_size, cfg.training.global_batch_size
+        )
+        metrics = MetricsLogger(
+            cfg.metrics,
+            run_dir,
+            cfg.training.steps,
+            rank=world.rank,
+            world_size=world.world_size,
+            num_flops_per_token=family.model.flops_per_token(args, cfg.training.seq_len),
+            device=world.device,
+            dtype=compute_dtype(layout),
+            run_config=config_to_dict(cfg),
+        )
+        logger.info(
+            "model %s: %.3fM parameters; %s; %d microbatch(es) of %d x %d per step on each of %d dp rank(s)",
+            model_description(cfg), whole_model_params(family.model, args) / 1e6, describe_layout(layout),
+            accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.rank.dp_size,
+        )
+        log_parallel_plans(family, layout)
+        compile_cache = None
+        if cfg.compile.enable and cfg.compile.cache:
+            compile_cache = PortableCompileCache.for_run(cfg, world.rank, world.world_size)
+            compile_cache.load()
+        try:
+            preempted = run_loop(
+                cfg, world, state, run_dir, checkpoints, metrics, accumulation, validator, compile_cache
+            )
+        except Exception as err:
+            if world.distributed and is_timeout(err):
+                raise timed_out(cfg, err) from err
+            raise
+        if preempted:
+            logger.info("stopped at step %d on a preemption signal; rerun the same command to resume", state.step)
+        else:
+            logger.info("training done: %d steps, %d tokens, outputs in %s", state.step, state.tokens_seen, run_dir)
+
+
+def timed_out(cfg: JobConfig, err: BaseException) -> DtrainError:
+    first = first_line(err)
+    return DtrainError(
+        f"a collective timed out, so a rank hung or died (comm.init_timeout_seconds = "
+        f"{cfg.comm.init_timeout_seconds} until the first step is done, comm.train_timeout_seconds = "
+        f"{cfg.comm.train_timeout_seconds} after): {first}"
+    )

@@ -1,0 +1,138 @@
+"""TrainState: everything that changes during training, in one object that DCP saves and loads as a unit.
+
+Nothing that affects the next step lives outside it (DESIGN §3). Random streams are not saved because they are
+derived from (seed, step, coordinates) at every step (see rng.py), so `seed` and `step` are the whole RNG state.
+
+The saved keys do not depend on the parallel layout, so that a checkpoint reshards: model weights and optimizer
+state are keyed by the model's own parameter names (pipeline stages keep full-model names), and of the LR
+schedule only its position is kept (its per-group lists would change length with the layout).
+
+`RankCoordinates` is the one piece of the layout the step needs (this rank's data-parallel and context-parallel
+place and reductions); the layout (dtrain/run/layout.py) computes it, the state carries it, and it is never saved.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+
+from dtrain.parallelize.context_parallel import shard_sequence
+from dtrain.run.world import dp_rank_and_size, dp_summer
+from dtrain.step.optimizer import OptimizersContainer
+
+if TYPE_CHECKING:
+    from dtrain.parallelize.mesh import ParallelMesh
+    from dtrain.step.executor import StepExecutor
+
+# Optimizer state keyed "state.<param fqn>.<name>" / "param_groups.<param fqn>.<name>": no layout-dependent indices.
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+# Each model part holds only its own keys of the merged model dict (pipeline stages), hence strict=False.
+PART = StateDictOptions(strict=False)
+
+
+@dataclass(frozen=True)
+class RankCoordinates:
+    """This rank's place among the others: what its data and its step's reductions depend on."""
+
+    pp_rank: int = 0
+    dp_rank: int = 0
+    dp_size: int = 1
+    # Keys of this rank's random streams (rng.py), so that data-parallel ranks draw different ones.
+    rng_coords: tuple = ()
+    # Sums over the ranks that hold different tokens (data × context parallel).
+    reduce_over_dp: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda t: t)
+    # Context parallel: how many ranks share each sequence, and this rank's part of a microbatch (None without).
+    cp_size: int = 1
+    shard_sequence: Callable[[dict], dict] | None = None
+
+    @classmethod
+    def on(cls, mesh: ParallelMesh | None, cp_load_balancer: str = "headtail") -> RankCoordinates:
+        """This rank's coordinates on `mesh` (None: the one process of a world of one)."""
+        if mesh is None:
+            return cls()
+        dp_rank, dp_size = dp_rank_and_size(mesh)
+        cp_rank, cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
+        return cls(
+            pp_rank=mesh["pp"].get_local_rank(),
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            rng_coords=("dp", dp_rank),
+            reduce_over_dp=dp_summer(mesh),
+            cp_size=cp_size,
+            shard_sequence=(
+                functools.partial(shard_sequence, cp_rank=cp_rank, cp=cp_size, load_balancer=cp_load_balancer)
+                if cp_size > 1 else None
+            ),
+        )
+
+
+@dataclass
+class TrainState(Stateful):
+    """The training state. `model_parts` is a list so that pipeline stages (several parts per rank) fit as is.
+
+    `executor` is how the step runs forward, backward and clipping on this layout (chosen once, never saved).
+    """
+
+    model_parts: list[nn.Module]
+    optimizer: OptimizersContainer
+    lr_scheduler: torch.optim.lr_scheduler.LambdaLR
+    dataloader: Stateful
+    executor: StepExecutor
+    seed: int
+    max_norm: float
+    step: int = 0
+    tokens_seen: int = 0
+    # training.skip_nonfinite_steps, and how many this launch has skipped (a budget per launch: not saved).
+    skip_nonfinite_steps: int = 0
+    skipped_steps: int = 0
+    # How the step talks to the rest of the world: this rank's coordinates in the layout (a world of one by default).
+    rank: RankCoordinates = field(default_factory=RankCoordinates)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": {k: v for part in self.model_parts for k, v in get_model_state_dict(part).items()},
+            "optimizer": {
+                k: v
+                for part, optimizer in zip(self.model_parts, self.optimizer.optimizers)
+                for k, v in get_optimizer_state_dict(part, optimizer, options=FLAT).items()
+            },
+            "lr_scheduler": {"last_epoch": self.lr_scheduler.last_epoch},
+            "dataloader": self.dataloader.state_dict(),
+            "train": {"step": self.step, "tokens_seen": self.tokens_seen, "seed": self.seed},
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for part, optimizer in zip(self.model_parts, self.optimizer.optimizers):
+            set_model_state_dict(part, state_dict["model"], options=PART)
+            set_optimizer_state_dict(part, optimizer, state_dict["optimizer"], options=FLAT)
+        self.set_lr_schedule_position(int(state_dict["lr_scheduler"]["last_epoch"]))
+        self.dataloader.load_state_dict(state_dict["dataloader"])
+        self.step = int(state_dict["train"]["step"])
+        self.tokens_seen = int(state_dict["train"]["tokens_seen"])
+
+    def set_lr_schedule_position(self, last_epoch: int) -> None:
+        """Move the LR schedule to `last_epoch` and give every parameter group the rate it implies."""
+        scheduler = self.lr_scheduler
+        scheduler.last_epoch = last_epoch
+        rates = [base * fn(last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+        for group, rate in zip(self.optimizer.param_groups, rates):
+            group["lr"] = rate
+        # Copies, as LambdaLR keeps them: torchao's optimizers hold the rate as a tensor that the next schedule
+        # step overwrites in place, and the step reports the rate it used.
+        scheduler._last_lr = [rate.clone() if isinstance(rate, torch.Tensor) else rate for rate in rates]
+
+    @property
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.model_parts for p in part.parameters()]
