@@ -14,19 +14,33 @@
 #   CONFIG_FILE          config file or name, as --config (torchtitan habit)
 set -euo pipefail
 cd "$(dirname "$0")"
-source scripts/setup_env.sh
 
 nproc="${NPROC:-${NGPU:-}}"
+nnodes="${NNODES:-1}"
+log_rank="${LOG_RANK:-0}"
+# Every launch variable is checked before anything starts or is written (even the Python environment): one line
+# naming it, exit code 2 (see rendezvous.sh).
+source scripts/rendezvous.sh --check
+if [ -n "$nproc" ] && [[ ! "$nproc" =~ ^[1-9][0-9]*$ ]]; then
+    nproc_name="$([ -n "${NPROC:-}" ] && echo NPROC || echo NGPU)"
+    launch_env_error "$nproc_name" "$nproc" "use a number of processes (1 or more)"
+fi
+[[ "${MAX_RESTARTS:-0}" =~ ^(0|[1-9][0-9]*)$ ]] ||
+    launch_env_error MAX_RESTARTS "$MAX_RESTARTS" "use a number of restarts (0 or more)"
+if [ "$log_rank" != "all" ] &&
+    { [[ ! "$log_rank" =~ ^(0|[1-9][0-9]*)$ ]] || { [ -n "$nproc" ] && [ "$log_rank" -ge "$nproc" ]; }; }; then
+    launch_env_error LOG_RANK "$log_rank" "use a local rank (0 to NPROC - 1) or 'all'"
+fi
+
+source scripts/setup_env.sh
 if [ -z "$nproc" ]; then
     nproc="$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
 fi
-nnodes="${NNODES:-1}"
 
 if [ "$nproc" = "1" ] && [ "$nnodes" = "1" ]; then
     exec python -m dtrain.main "$@"
 fi
 
-log_rank="${LOG_RANK:-0}"
 rank_filter=()
 if [ "$log_rank" != "all" ]; then
     rank_filter=(--local-ranks-filter "$log_rank")

@@ -5,10 +5,10 @@
 
 A dtrain (DCP) checkpoint is read with its run's resolved config (`<run>/config.toml`, two folders above the
 checkpoint, or `--config`), so it rebuilds the model it was trained as; `--model.*` flags (e.g.
-`--model.hf_assets_path` for the tokenizer) apply on top. A run's checkpoint folder stands for its newest committed
-checkpoint. With `--hf` the checkpoint is a Hugging Face folder whose config.json decides family and shape, and
-whose tokenizer (if it has one) decodes the output. stdout gets `ids: a,b,c` (the new token ids) and, when a
-tokenizer is known, `text: ...`; progress goes to stderr.
+`--model.hf_assets_path` for the tokenizer) apply on top. A run folder, or its checkpoint folder, stands for its
+newest committed checkpoint; an uncommitted `step-N.partial` is refused. With `--hf` the checkpoint is a Hugging
+Face folder whose config.json decides family and shape, and whose tokenizer (if it has one) decodes the output.
+stdout gets `ids: a,b,c` (the new token ids) and, when a tokenizer is known, `text: ...`; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -37,14 +37,15 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         prog="run_generate.sh", description=__doc__, allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--checkpoint", type=Path, required=True, help="DCP checkpoint (or a run's checkpoint "
-                        "folder), or with --hf a Hugging Face model folder")
+    parser.add_argument("--checkpoint", type=Path, required=True, help="DCP checkpoint (or a run folder or its "
+                        "checkpoint folder: the newest committed step), or with --hf a Hugging Face model folder")
     parser.add_argument("--hf", action="store_true", help="the checkpoint is a Hugging Face folder")
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="text, encoded by the tokenizer after its BOS token")
     prompt.add_argument("--prompt_ids", help="comma-separated token ids, used as given")
     parser.add_argument("--max_new_tokens", type=int, default=32)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default); else finite, "
+                        ">= 1.18e-38")
     parser.add_argument("--top_k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
     parser.add_argument("--top_p", type=float, default=1.0, help="sample from the smallest set with this mass")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
@@ -77,20 +78,40 @@ def _config_argv(opts: argparse.Namespace, rest: list[str], checkpoint: Path) ->
 
 
 def resolve_checkpoint(path: Path, hf: bool) -> Path:
-    """The checkpoint `path` names: itself, or for a run's checkpoint folder its newest committed step."""
-    from dtrain.checkpoint.folders import is_dcp_checkpoint, scan_checkpoints
+    """The checkpoint `path` names: itself; for a run's checkpoint folder its newest committed step; for a run
+    folder (the one with config.toml) its checkpoint folder's newest committed step. A `step-N.partial` (or
+    `.replaced`) folder is refused: the commit protocol (dtrain/checkpoint/folders.py) never loads one."""
+    from dtrain.checkpoint.folders import is_dcp_checkpoint, is_leftover, scan_checkpoints
 
     if not path.exists():
         raise ConfigError(f"--checkpoint {path} does not exist")
+    if is_leftover(path):
+        committed = scan_checkpoints(path.parent).committed
+        latest = f"the latest committed one is {committed[-1].path}" if committed else "none beside it is committed"
+        raise ConfigError(
+            f"--checkpoint {path} is uncommitted (a save that never finished) and is never loaded; {latest}"
+        )
     if hf or is_dcp_checkpoint(path):
         return path
-    committed = scan_checkpoints(path).committed
-    if not committed:
+    folder = path
+    if (path / "config.toml").is_file():  # a run folder: its checkpoints are in its checkpoint.folder
+        folder = path / _checkpoint_folder(path / "config.toml")
+    scan = scan_checkpoints(folder)
+    if not scan.committed:
+        leftovers = f" (only uncommitted {scan.describe_incomplete()})" if scan.incomplete else ""
         raise ConfigError(
-            f"--checkpoint {path} is neither a DCP checkpoint nor a folder of committed ones "
-            "(add --hf for a Hugging Face folder)"
+            f"--checkpoint {path} is neither a DCP checkpoint nor a run folder or checkpoint folder with committed "
+            f"ones{leftovers} (add --hf for a Hugging Face folder)"
         )
-    return committed[-1].path
+    return scan.committed[-1].path
+
+
+def _checkpoint_folder(run_config: Path) -> str:
+    """checkpoint.folder as the run's resolved config.toml gives it (the schema's default where it is unset)."""
+    from dtrain.config.schema import Checkpoint
+    from dtrain.config.toml_io import read_toml
+
+    return str(read_toml(run_config).get("checkpoint", {}).get("folder", Checkpoint().folder))
 
 
 def _hf_eos_ids(folder: Path) -> tuple[int, ...]:
@@ -115,7 +136,7 @@ def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, 
     cfg = load_config(_config_argv(opts, rest, checkpoint))
     if opts.hf:
         cfg.checkpoint.initial_load_path, cfg.checkpoint.initial_load_in_hf = str(checkpoint), True
-        start = hf_start(cfg)
+        start = hf_start(cfg.checkpoint, cfg.model.name)
         if start is None:
             raise ConfigError(f"--hf: {checkpoint} has no config.json (a Hugging Face model folder has one)")
         family = start.family
@@ -148,7 +169,11 @@ def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, 
 def _load_dcp_weights(model: nn.Module, path: Path) -> None:
     """The model's weights from a full or model-only DCP checkpoint, read straight into its tensors."""
     from dtrain.checkpoint import dcp_io
+    from dtrain.checkpoint.folders import COMMIT_FILE
 
+    if not (path / COMMIT_FILE).is_file():  # dtrain's own are always verified (their record holds the checksums)
+        print(f"warning: {path} has no {COMMIT_FILE}: a checkpoint from elsewhere, read without checksums",
+              file=sys.stderr)
     weights = dcp_io.model_state_dict([model])
     shapes = dcp_io.read_tensor_shapes(path)
     prefix = dcp_io.weights_prefix(shapes)
@@ -211,7 +236,11 @@ def run(argv: list[str]) -> int:
     generator = torch.Generator(device).manual_seed(opts.seed)
     began = time.perf_counter()
     prompt = torch.tensor([ids], device=device)
-    new = generate(loaded.model, prompt, opts.max_new_tokens, sampling, loaded.eos_ids, generator)[0].tolist()
+    # Only ids the tokenizer can decode: the padding rows of a vocabulary rounded up past it stay unchosen.
+    tokenizer_vocab = loaded.tokenizer.vocab_size if loaded.tokenizer is not None else None
+    new = generate(
+        loaded.model, prompt, opts.max_new_tokens, sampling, loaded.eos_ids, generator, tokenizer_vocab
+    )[0].tolist()
     seconds = time.perf_counter() - began
     print(f"generate: {loaded.family} on {device} ({str(dtype).removeprefix('torch.')}), {len(ids)} prompt tokens, "
           f"{len(new)} new in {seconds:.2f} s ({len(new) / seconds:.1f} tokens/s)", file=sys.stderr)

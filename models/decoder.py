@@ -1,15 +1,22 @@
-"""The decoder protocol: what code outside a model family may know about the structure of its model.
+"""The decoder protocol: what code outside a model family may know about its model and its args.
 
 Every family here is a decoder-only language model: ``embedding -> blocks -> final norm -> head``. Shared code
-(FSDP wrapping, the pipeline split and its config checks) reads the names of those parts from the model class's
-``decoder_layout`` and never spells a module name itself, so a family with other names needs no change there.
+(parallelize/, the memory pre-flight, the estimator) reads the names of those parts, and of each block's attention
+and its inner-attention seam, from the model class's ``decoder_layout`` and never spells a module name itself (the
+tensor-parallel plans alone name paths inside a block: the shared decoder's in parallelize/decoder_plan.py, or a
+family's own); it reads the args only through ``DecoderArgs``. A family with other names or another block shape
+declares its layout and satisfies ``DecoderArgs`` from its own fields, and needs no change in shared code
+(docs/models.md, "Adding a family").
 
 What a family's model class promises besides the names:
 - ``blocks`` is an ``nn.ModuleDict`` keyed ``"0" .. "N-1"`` in forward order, so a block keeps its name (and its
   parameters' names) when others are deleted;
 - the embedding, the final norm and the head may be set to ``None`` and the forward then passes through what is
   left: a pipeline stage is the model with the parts other stages own removed;
-- a head that shares its weight with the embedding (tied) shares the very parameter object;
+- a head that shares its weight with the embedding (tied) shares the very parameter object (``weight``);
+- each block's attention takes ``(x, rope_cache, positions, document_ids=None)`` and calls its inner attention
+  (``dtrain.models.attention``'s signature), which a plan may swap (context parallel);
+- ``args`` is the model's ``DecoderArgs``;
 - ``init_buffers(device)`` computes the buffers that come from the args and no checkpoint (the RoPE table), so a
   model built on the meta device and then loaded from a checkpoint needs no random initialisation.
 """
@@ -17,18 +24,73 @@ What a family's model class promises besides the names:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from torch import nn
+
+from .moe import MoEArgs
+
+
+class DecoderArgs(Protocol):
+    """The model-arg fields that shared code reads (a family's args class may hold any others).
+
+    Sizes are those the attention kernels and the matmuls see, which is what memory, FLOP and tensor-parallel
+    arithmetic needs: a family whose attention is built otherwise (DeepSeek-V3's latent attention) derives them
+    from its own fields.
+    """
+
+    @property
+    def dim(self) -> int:
+        """Width of the residual stream (the embedding's)."""
+
+    @property
+    def n_layers(self) -> int:
+        """Number of blocks."""
+
+    @property
+    def n_heads(self) -> int:
+        """Query heads per block (what tensor parallel splits)."""
+
+    @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads the inner attention receives (n_heads without grouping)."""
+
+    @property
+    def head_dim(self) -> int:
+        """Features per query and key head the inner attention receives."""
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        """Width of the dense SwiGLU feed-forward (what tensor parallel splits)."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the embedding, columns of the head."""
+
+    @property
+    def max_seq_len(self) -> int:
+        """Longest sequence the RoPE table covers."""
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        """Whether the head is the embedding's weight."""
+
+    @property
+    def moe(self) -> MoEArgs | None:
+        """The mixture-of-experts feed-forward of the blocks that have one (None: every block is dense)."""
 
 
 @dataclass(frozen=True)
 class DecoderLayout:
-    """The top-level module names of a decoder, in forward order."""
+    """The module names of a decoder: its top-level parts in forward order, then names inside each block."""
 
     embedding: str
     blocks: str
     final_norm: str
     head: str
+    # A block's attention module, and the inner attention inside that (the seam context parallel swaps).
+    attention: str
+    inner_attention: str
 
     def block(self, index: int) -> str:
         """The full name of block `index`, e.g. ``layers.3``."""
@@ -58,6 +120,17 @@ class DecoderLayout:
     def part(self, model: nn.Module, name: str) -> nn.Module | None:
         """The embedding, final norm or head of `model` (None where this model or stage lacks it)."""
         return getattr(model, name)
+
+    def attention_of(self, block: nn.Module) -> nn.Module:
+        return getattr(block, self.attention)
+
+    def set_inner_attention(self, block: nn.Module, inner: nn.Module) -> None:
+        """Make `inner` the inner attention of `block`'s attention."""
+        setattr(self.attention_of(block), self.inner_attention, inner)
+
+    def tie_head(self, model: nn.Module) -> None:
+        """Make the head's weight the embedding's parameter again (after something replaced one of them)."""
+        self.part(model, self.head).weight = self.part(model, self.embedding).weight
 
 
 def decoder_layout(model: nn.Module) -> DecoderLayout:

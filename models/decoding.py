@@ -4,12 +4,20 @@ Hugging Face's ``generate`` applies them in, so that the same settings mean the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from .kv_cache import kv_cache
+
+# The smallest temperature that sampling accepts: the smallest normal float32. The logits are scaled as
+# (logits - row max) / temperature, so every scaled logit is <= 0 and the row max is exactly 0: softmax's exp never
+# overflows and its sum is >= 1, whatever the temperature, as long as the temperature is a nonzero float32. Below
+# this bound it would round to a subnormal or to 0, and 0 / 0 is NaN. (Any temperature this small is greedy
+# decoding in effect; 0 asks for greedy directly.)
+MIN_TEMPERATURE = torch.finfo(torch.float32).tiny
 
 
 @dataclass(frozen=True)
@@ -22,8 +30,12 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        # Written so that NaN fails every test (each comparison with NaN is false).
+        if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf):
+            raise ValueError(
+                f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:.3g} (the smallest normal "
+                f"float32), got {self.temperature}"
+            )
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 keeps every token), got {self.top_k}")
         if not 0 < self.top_p <= 1:
@@ -33,7 +45,9 @@ class Sampling:
         """The next token of each row of ``logits [batch, vocab]``: ``[batch]`` ids."""
         if self.temperature == 0:
             return logits.argmax(dim=-1)
-        logits = logits.float() / self.temperature
+        logits = logits.float()
+        # The max subtracted first, so that a small temperature drives the others to -inf, never the max to inf.
+        logits = (logits - logits.amax(dim=-1, keepdim=True)) / self.temperature
         if self.top_k > 0:
             kth_largest = logits.topk(min(self.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
             logits = logits.masked_fill(logits < kth_largest, float("-inf"))
@@ -61,12 +75,14 @@ def generate(
     sampling: Sampling = Sampling(),
     eos_ids: tuple[int, ...] = (),
     generator: torch.Generator | None = None,
+    vocab_size: int | None = None,
 ) -> torch.Tensor:
     """The new tokens ``[batch, n <= max_new_tokens]`` that follow ``prompt [batch, P]``.
 
     The model is called as ``model(tokens, positions)`` and must return logits ``[batch, seq, vocab]``. Generation
     stops early once every row has produced one of ``eos_ids`` (the EOS is kept; a finished row repeats it, as
-    Hugging Face does when no pad token is set).
+    Hugging Face does when no pad token is set). With ``vocab_size`` (the tokenizer's), ids at or above it are never
+    chosen: the embedding's padding rows past the tokenizer's vocabulary decode to nothing.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -78,6 +94,8 @@ def generate(
     with kv_cache(model, prompt_len + max_new_tokens - 1):
         logits = model(prompt, torch.arange(prompt_len, device=device))[:, -1]
         for i in range(max_new_tokens):
+            if vocab_size is not None:
+                logits[:, vocab_size:] = float("-inf")  # the model's own output: nothing else reads it
             token = sampling.choose(logits, generator)
             if eos_ids:
                 token = torch.where(finished, eos[0], token)

@@ -7,10 +7,12 @@ with the family's parallelize plan into the spec the trainer looks up by name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import torch
 from torch import nn
+
+from .decoder import DecoderArgs
 
 
 class WeightSpelling(Protocol):
@@ -33,7 +35,7 @@ class WeightSpelling(Protocol):
         into this rank's shards)."""
 
 
-def no_other_spellings(args: Any) -> tuple[WeightSpelling, ...]:
+def no_other_spellings(args: DecoderArgs) -> tuple[WeightSpelling, ...]:
     """For a family whose checkpoints only ever use our names."""
     return ()
 
@@ -54,7 +56,7 @@ class ModelFamily:
     name: str
     model_cls: type[nn.Module]
     args_cls: type
-    flavors: dict[str, Any]
-    flops_per_token: Callable[[Any, int], int]
+    flavors: dict[str, DecoderArgs]
+    flops_per_token: Callable[[DecoderArgs, int], int]
     hf_adapter: type
-    checkpoint_spellings: Callable[[Any], tuple[WeightSpelling, ...]] = no_other_spellings
+    checkpoint_spellings: Callable[[DecoderArgs], tuple[WeightSpelling, ...]] = no_other_spellings

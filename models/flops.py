@@ -14,32 +14,31 @@ Recomputation for activation checkpointing is not counted: MFU measures useful w
 attention square instead (twice the attention term here); ``masked_attention_flops_per_token`` is the difference,
 so that MFU figures can be put next to torchtitan's published ones.
 
-Args are any family's with ``dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_hidden_dim, vocab_size``, and
-optionally ``moe`` (as models/transformer.py reads it).
+Args are any family's ``DecoderArgs`` (models/decoder.py) whose blocks are the shared decoder's (every block
+dense, or every block ``moe``, as models/transformer.py builds them).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from .decoder import DecoderArgs
 from .moe import moe_params_per_token
 
 
-def matmul_params(args: Any) -> int:
+def matmul_params(args: DecoderArgs) -> int:
     """Parameters of the matmul weights a token passes through: the blocks' projections (of an MoE feed-forward,
     only the active ones) and the output head (not the embedding)."""
     q_and_o = 2 * args.dim * args.n_heads * args.head_dim
     k_and_v = 2 * args.dim * args.n_kv_heads * args.head_dim
-    moe = getattr(args, "moe", None)
+    moe = args.moe
     feed_forward = 3 * args.dim * args.ffn_hidden_dim if moe is None else moe_params_per_token(moe, args.dim)
     return args.n_layers * (q_and_o + k_and_v + feed_forward) + args.dim * args.vocab_size
 
 
-def num_flops_per_token(args: Any, seq_len: int) -> int:
+def num_flops_per_token(args: DecoderArgs, seq_len: int) -> int:
     """Forward + backward FLOPs per trained token at sequence length ``seq_len`` (see the module docstring)."""
     return 6 * matmul_params(args) + 6 * args.n_layers * args.n_heads * args.head_dim * seq_len
 
 
-def masked_attention_flops_per_token(args: Any, seq_len: int) -> int:
+def masked_attention_flops_per_token(args: DecoderArgs, seq_len: int) -> int:
     """The attention FLOPs per token a causal mask skips, which torchtitan's MFU convention counts anyway."""
     return 6 * args.n_layers * args.n_heads * args.head_dim * seq_len

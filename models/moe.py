@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .transformer import FeedForward, _trunc_normal_
+from .layers import FeedForward, trunc_normal_init_
 
 SCORE_FUNCS = ("softmax", "sigmoid")
 # Hugging Face's DeepSeek-V3 adds this to the renormalisation denominator. For softmax scores the top-k sum is at
@@ -141,9 +141,9 @@ class GroupedExperts(nn.Module):
         return self.w1, self.w2, self.w3
 
     def init_weights(self, init_std: float, out_std: float) -> None:
-        _trunc_normal_(self.w1, init_std)
-        _trunc_normal_(self.w2, out_std)
-        _trunc_normal_(self.w3, out_std)
+        trunc_normal_init_(self.w1, init_std)
+        trunc_normal_init_(self.w2, out_std)
+        trunc_normal_init_(self.w3, out_std)
 
 
 def run_experts(
@@ -319,7 +319,7 @@ class MoE(nn.Module):
         """``init_std`` for the experts' input projections (w1), ``out_std`` (the block's depth-scaled std) for
         everything else here, the router's gate included, as torchtitan 0.2.2 initialises its MoE."""
         with torch.no_grad():
-            _trunc_normal_(self.router.gate.weight, out_std)
+            trunc_normal_init_(self.router.gate.weight, out_std)
             self.experts.init_weights(init_std, out_std)
             if self.shared_experts is not None:
                 self.shared_experts.init_weights(out_std)

@@ -3,8 +3,8 @@
 Llama 3 is this model as it is; Qwen3 adds QK-norm (``qk_norm = True`` on its subclass: an RMSNorm over each
 head's features of the queries and keys, before RoPE) and sets ``head_dim`` and the FFN width freely; Qwen3-MoE
 replaces every block's feed-forward by a routed mixture of experts (``models/moe.py``). The args of a family
-provide ``dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_hidden_dim, vocab_size, norm_eps, rope_theta,
-rope_scaling, max_seq_len, tie_word_embeddings``, and optionally ``moe`` (``MoEArgs``; None or absent: dense).
+are ``TransformerArgs``: the shared ``DecoderArgs`` (``moe`` None: dense), ``norm_eps``, ``rope_theta``, and the
+``rope_scaling`` that ``rope_table`` reads. Norms, the feed-forward and the init rules are models/layers.py's.
 
 Parameter names (FQNs) are torchtitan's, so checkpoints move between the two projects: ``tok_embeddings``,
 ``layers.N.attention.{wq,wk,wv,wo}`` (with QK-norm also ``q_norm``, ``k_norm``), ``layers.N.feed_forward.{w1,w2,w3}``
@@ -35,58 +35,27 @@ torch's default generator (the caller seeds it):
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import CausalSDPA
-from .decoder import DecoderLayout
+from .decoder import DecoderArgs, DecoderLayout
+from .layers import BASE_INIT_STD, FeedForward, RMSNorm, depth_scaled_init_std, head_init_, trunc_normal_init_
+from .moe import MoE
 from .rope import apply_rotary_emb, precompute_rope_cache, sequence_positions
 
-BASE_INIT_STD = 0.02
-# torchtitan truncates the hidden weights at torch's default bounds, absolute values, not multiples of the std.
-TRUNCATION_BOUND = 2.0
-# ... and the head at 3 of its std.
-HEAD_TRUNCATION_STDS = 3.0
 
+class TransformerArgs(DecoderArgs, Protocol):
+    """What this decoder reads of its args besides the shared ``DecoderArgs`` (``rope_table`` also reads the
+    family's ``rope_scaling``; a family with another RoPE overrides it)."""
 
-def _trunc_normal_(weight: torch.Tensor, std: float) -> None:
-    nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-TRUNCATION_BOUND, b=TRUNCATION_BOUND)
+    @property
+    def norm_eps(self) -> float: ...
 
-
-def _init_head_(weight: torch.Tensor, dim: int) -> None:
-    std = dim**-0.5
-    nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-HEAD_TRUNCATION_STDS * std, b=HEAD_TRUNCATION_STDS * std)
-
-
-def depth_scaled_init_std(layer_id: int) -> float:
-    """Init std of the projections that write into the residual stream in block ``layer_id``."""
-    return BASE_INIT_STD / math.sqrt(2 * (layer_id + 1))
-
-
-class RMSNorm(nn.Module):
-    """Root-mean-square norm with a learned scale and no bias; statistics are taken in float32.
-
-    ``eps`` None is the machine epsilon of the input's dtype, as ``torch.nn.RMSNorm`` takes it (torchtitan builds
-    DeepSeek-V3's final norm so).
-    """
-
-    def __init__(self, dim: int, eps: float | None = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-        return normed.type_as(x) * self.weight
-
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
+    @property
+    def rope_theta(self) -> float: ...
 
 
 class Attention(nn.Module):
@@ -97,7 +66,7 @@ class Attention(nn.Module):
     right after their projection, before RoPE, as Qwen3 does.
     """
 
-    def __init__(self, args: Any, qk_norm: bool = False) -> None:
+    def __init__(self, args: TransformerArgs, qk_norm: bool = False) -> None:
         super().__init__()
         self.head_dim = args.head_dim
         self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
@@ -131,29 +100,11 @@ class Attention(nn.Module):
 
     def init_weights(self, out_std: float) -> None:
         for linear in (self.wq, self.wk, self.wv):
-            _trunc_normal_(linear.weight, BASE_INIT_STD)
+            trunc_normal_init_(linear.weight, BASE_INIT_STD)
         for norm in (self.q_norm, self.k_norm):
             if norm is not None:
                 norm.reset_parameters()
-        _trunc_normal_(self.wo.weight, out_std)
-
-
-class FeedForward(nn.Module):
-    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
-
-    def __init__(self, dim: int, hidden_dim: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
-        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-    def init_weights(self, out_std: float) -> None:
-        _trunc_normal_(self.w1.weight, BASE_INIT_STD)
-        _trunc_normal_(self.w2.weight, out_std)
-        _trunc_normal_(self.w3.weight, out_std)
+        trunc_normal_init_(self.wo.weight, out_std)
 
 
 class TransformerBlock(nn.Module):
@@ -162,11 +113,8 @@ class TransformerBlock(nn.Module):
     ``self.feed_forward``; the other attribute is None. `attention` is any module with the shared attention's
     signature and ``init_weights(out_std)`` (grouped-query attention here, DeepSeek-V3's latent attention)."""
 
-    def __init__(self, layer_id: int, args: Any, attention: nn.Module, use_moe: bool = False) -> None:
+    def __init__(self, layer_id: int, args: TransformerArgs, attention: nn.Module, use_moe: bool = False) -> None:
         super().__init__()
-        # Here rather than at the top: models/moe.py builds on this module's FeedForward.
-        from .moe import MoE
-
         self.layer_id = layer_id
         self.attention = attention
         self.feed_forward = None if use_moe else FeedForward(args.dim, args.ffn_hidden_dim)
@@ -207,12 +155,17 @@ class Transformer(nn.Module):
     """
 
     decoder_layout: ClassVar[DecoderLayout] = DecoderLayout(
-        embedding="tok_embeddings", blocks="layers", final_norm="norm", head="output"
+        embedding="tok_embeddings",
+        blocks="layers",
+        final_norm="norm",
+        head="output",
+        attention="attention",
+        inner_attention="inner_attention",
     )
     # Subclasses of a family with QK-norm (Qwen3) set this.
     qk_norm: ClassVar[bool] = False
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, args: TransformerArgs) -> None:
         super().__init__()
         self.args = args
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
@@ -226,10 +179,10 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cache", torch.empty(0), persistent=False)
         self.init_weights()
 
-    def build_block(self, layer_id: int, args: Any) -> TransformerBlock:
+    def build_block(self, layer_id: int, args: TransformerArgs) -> TransformerBlock:
         """Block `layer_id`: grouped-query attention (with QK-norm where the family has it), and the MoE
         feed-forward in every block when the args have ``moe`` (Qwen3-MoE). Other families override this."""
-        use_moe = getattr(args, "moe", None) is not None
+        use_moe = args.moe is not None
         return TransformerBlock(layer_id, args, Attention(args, self.qk_norm), use_moe=use_moe)
 
     def forward(
@@ -268,10 +221,10 @@ class Transformer(nn.Module):
             if self.norm is not None:
                 self.norm.reset_parameters()
             if self.output is not None:
-                _init_head_(self.output.weight, args.dim)
+                head_init_(self.output.weight, args.dim)
             elif args.tie_word_embeddings and self.tok_embeddings is not None:
                 # A stage that holds the tied embedding without the head: the weight is still the head's.
-                _init_head_(self.tok_embeddings.weight, args.dim)
+                head_init_(self.tok_embeddings.weight, args.dim)
 
     def init_buffers(self, buffer_device: torch.device | str | None = None) -> None:
         """Compute the buffers that no checkpoint holds, on ``buffer_device`` (default: where they are now): the RoPE

@@ -4,7 +4,7 @@ Per block (the default, torchtitan's choice): each block is compiled in place (`
 names do not change. The blocks are identical modules, so dynamo compiles the first one and reuses its graph for
 the rest: compile time does not grow with depth. ``model_whole`` compiles the whole model part (a pipeline stage
 under PP) in one call instead, for comparison: one larger graph, longer compiles, the embedding and head inside.
-Either way compile comes after activation checkpointing and before data parallel (the module doc of llama3.py).
+Either way compile comes after activation checkpointing and before data parallel (the module doc of decoder_plan.py).
 
 What torch.compile did (times, graphs, breaks, recompiles, caches) is ``dtrain.observe.compile_report``'s.
 """
@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 from torch import nn
 
+from dtrain.models.decoder import decoder_layout
 from dtrain.models.moe import MoE
 from dtrain.parallelize.errors import ParallelismError
 
@@ -73,14 +74,14 @@ def apply_compile(
     fullgraph: bool = True,
     dynamic: str = "auto",
 ) -> None:
-    """Compile `model`'s blocks (``model.layers``), or with ``model_whole`` the model itself, in place.
+    """Compile `model`'s blocks (its ``decoder_layout``'s), or with ``model_whole`` the model itself, in place.
 
     ``fullgraph=True`` (the default) makes a graph break inside a compiled unit an error, not a silent slowdown.
     Units with an MoE layer always compile without it: sizing the expert-parallel all-to-alls and the per-expert
     loop read token counts on the host, and the experts are an FSDP unit of their own inside the block, whose hooks
     dynamo does not trace; those units compile into the graphs between such breaks.
     """
-    units = [model] if granularity == "model_whole" else list(model.layers.values())
+    units = [model] if granularity == "model_whole" else list(decoder_layout(model).blocks_of(model).values())
     for unit in units:
         has_moe = any(isinstance(module, MoE) for module in unit.modules())
         unit.compile(**compile_kwargs(backend, mode, fullgraph and not has_moe, dynamic))

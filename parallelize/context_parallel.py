@@ -9,10 +9,10 @@ Everything but attention is per token, so only three things change, all applied 
 
 - the batch: ``shard_sequence`` keeps this rank's tokens of ``input_ids``, ``labels`` and, under document masking,
   ``document_ids`` (the step calls it);
-- positions: a forward pre-hook gives every attention module the true positions of its tokens in the whole
+- positions: a forward pre-hook gives every block's attention module the true positions of its tokens in the whole
   sequence, so RoPE rotates each token as on one rank (``sequence_positions`` would number the local ones 0..);
-- attention: each block's ``inner_attention`` is replaced by one that sees the whole sequence's keys, chosen by
-  ``cp_attention_path``:
+- attention: the inner attention of each block's attention module (their names are the model's
+  ``decoder_layout``'s) is replaced by one that sees the whole sequence's keys, chosen by ``cp_attention_path``:
 
   - ``ring`` (CUDA, causal mask): torch's ring attention over SDPA's flash/efficient/cuDNN kernels
     (ring_attention.py), the one torchtitan uses; ``context_parallel_rotate_method`` picks its kv rotation.
@@ -36,6 +36,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from dtrain.models.attention import repeat_kv
+from dtrain.models.decoder import decoder_layout
 from dtrain.parallelize.blockwise_attention import BlockCausalAttention
 from dtrain.parallelize.ring_attention import RingAttention
 from dtrain.parallelize.torch_compat import all_gather_autograd
@@ -141,15 +142,17 @@ def cp_attention(cp_mesh: DeviceMesh, load_balancer: str, rotate_method: str, pa
     return AllGatherKVAttention(cp_mesh, load_balancer, blockwise=path == "blockwise")
 
 
-def apply_cp(layers: nn.Module, cp_mesh: DeviceMesh, load_balancer: str, rotate_method: str, path: str) -> None:
-    """Make every block of `layers` attend across the cp ranks' chunks, in place (see the module doc)."""
+def apply_cp(model: nn.Module, cp_mesh: DeviceMesh, load_balancer: str, rotate_method: str, path: str) -> None:
+    """Make every block of `model` (a decoder or pipeline stage) attend across the cp ranks' chunks, in place (see
+    the module doc)."""
     cp_rank, cp = cp_mesh.get_local_rank(), cp_mesh.size()
+    decoder = decoder_layout(model)
 
     def global_positions(attention: nn.Module, args: tuple) -> tuple:
         x, rope_cache = args[0], args[1]
         positions = chunk_positions(x.shape[1] * cp, cp_rank, cp, load_balancer, rope_cache.device)
         return (x, rope_cache, positions, *args[3:])
 
-    for block in layers.values() if isinstance(layers, nn.ModuleDict) else layers:
-        block.attention.inner_attention = cp_attention(cp_mesh, load_balancer, rotate_method, path)
-        block.attention.register_forward_pre_hook(global_positions)
+    for block in decoder.blocks_of(model).values():
+        decoder.set_inner_attention(block, cp_attention(cp_mesh, load_balancer, rotate_method, path))
+        decoder.attention_of(block).register_forward_pre_hook(global_positions)

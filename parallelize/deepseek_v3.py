@@ -1,5 +1,5 @@
 """Parallelizing the DeepSeek-V3 family: a tensor-parallel plan for multi-head latent attention (MLA) and the dense
-feed-forward, applied in Llama 3's order (parallelize/llama3.py, ``parallelize_decoder``).
+feed-forward, applied in the shared order (parallelize/decoder_plan.py, ``parallelize_decoder``).
 
 MLA under TP (torchtitan's layout, with plain tensors inside the model): the per-head projections are split by
 heads, the per-token ones are kept whole on every rank.
@@ -12,8 +12,9 @@ heads, the per-token ones are kept whole on every rank.
   their gradient over the ranks; the rotated key is used by this rank's heads directly, so its gradient would
   cover only those: ``ReduceGradient`` on the model's ``shared_rope_key`` seam sums it over the ranks in backward.
   Every gradient that reaches the replicated weights is then whole and equal on all ranks.
-- The dense blocks' feed-forward is Llama's (w1/w3 column-, w2 row-parallel). The MoE blocks' ``moe`` is left out
-  of this plan: expert and tensor parallel for it are shared with every MoE family and applied generically.
+- The dense blocks' feed-forward is the shared decoder's (w1/w3 column-, w2 row-parallel). The MoE blocks' ``moe``
+  is left out of this plan: expert and tensor parallel for it are shared with every MoE family and applied
+  generically.
 
 Blocks lack some of the plan's modules (a MoE block has no ``feed_forward``, a low-rank query no ``wq``); the
 shared ``resolve_plan`` keeps only the paths the model has.
@@ -28,8 +29,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_mod
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle
 
 from dtrain.models.deepseek_v3 import DEEPSEEK_V3, DeepSeekV3Args
+from dtrain.parallelize.decoder_plan import decoder_tp_plan, parallelize_decoder
 from dtrain.parallelize.family_spec import FamilySpec
-from dtrain.parallelize.llama3 import decoder_tp_plan, parallelize_decoder
 from dtrain.parallelize.mesh import ParallelMesh
 from dtrain.parallelize.moe_hooks import MOE_STEP_HOOKS
 from dtrain.parallelize.options import ParallelizeOptions

@@ -8,11 +8,12 @@ models); adding a family means a model folder with its ``ModelFamily`` and HF ad
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import nn
 
+from dtrain.models.decoder import DecoderArgs
 from dtrain.models.family import ModelFamily
 from dtrain.parallelize.errors import ParallelismError
 from dtrain.parallelize.mesh import ParallelMesh
@@ -64,23 +65,23 @@ class FamilySpec:
     model: ModelFamily
     parallelize: Callable[[nn.Module, ParallelMesh | None, ParallelDims, ParallelizeOptions], nn.Module]
     tp_plan: Callable[..., TPPlan]
-    tp_sizes: Callable[[Any], dict[str, int]]
+    tp_sizes: Callable[[DecoderArgs], dict[str, int]]
     extra_loss: ExtraLoss | None = None
     extra_loss_terms: ExtraLossTerms = lambda model_parts: 1
     after_optimizer_step: OptimizerStepHook | None = None
-    extra_loss_enabled: Callable[[Any], bool] = lambda args: True
+    extra_loss_enabled: Callable[[DecoderArgs], bool] = lambda args: True
     step_metrics: StepMetrics | None = None
 
     @property
     def name(self) -> str:
         return self.model.name
 
-    def check_shapes(self, dims: ParallelDims, args: Any, seq_len: int) -> None:
+    def check_shapes(self, dims: ParallelDims, args: DecoderArgs, seq_len: int) -> None:
         """A one-line ParallelismError when the degrees cannot split this model's shapes."""
         dims.check_tp_divides({**self.tp_sizes(args), **moe_tp_sizes(args)}, seq_len)
         check_moe_layout(dims, args)
 
-    def check_hooks(self, plan: PipelinePlan | None, args: Any = None) -> None:
+    def check_hooks(self, plan: PipelinePlan | None, args: DecoderArgs | None = None) -> None:
         """A one-line ParallelismError when the pipeline of `plan` (None: none) cannot run the family's step hooks
         for a model of `args` (None: any model of the family)."""
         enabled = args is None or self.extra_loss_enabled(args)
@@ -95,18 +96,18 @@ class FamilySpec:
             )
 
 
-def moe_tp_sizes(args: Any) -> dict[str, int]:
+def moe_tp_sizes(args: DecoderArgs) -> dict[str, int]:
     """What tensor parallel splits in MoE layers (``args.moe``, models/moe.py): the shared experts' hidden units.
-    The router and the routed experts stay whole on every TP rank (llama3.py, ``decoder_tp_plan``)."""
-    moe = getattr(args, "moe", None)
+    The router and the routed experts stay whole on every TP rank (decoder_plan.py, ``decoder_tp_plan``)."""
+    moe = args.moe
     if moe is None or not moe.num_shared_experts:
         return {}
     return {"the MoE shared experts' hidden size": moe.hidden_dim * moe.num_shared_experts}
 
 
-def check_moe_layout(dims: ParallelDims, args: Any) -> None:
+def check_moe_layout(dims: ParallelDims, args: DecoderArgs) -> None:
     """Expert parallel needs MoE layers (``args.moe``, models/moe.py) whose experts it can split evenly."""
-    moe = getattr(args, "moe", None)
+    moe = args.moe
     if dims.ep_enabled and moe is None:
         raise ParallelismError(
             f"parallelism.expert_parallel_degree={dims.ep} needs a model with MoE layers; this one has none "

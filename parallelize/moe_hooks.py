@@ -25,7 +25,6 @@ data-parallel ranks, so they are in it.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +32,7 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from dtrain.models.decoder import DecoderArgs
 from dtrain.models.moe import MoE, update_expert_bias
 
 LOAD_GROUP_ATTR = "_dtrain_load_reduce_group"
@@ -58,9 +58,9 @@ def sum_counts_over(counts: torch.Tensor, group: dist.ProcessGroup) -> torch.Ten
     return funcol.wait_tensor(funcol.all_reduce(counts, "sum", group))
 
 
-def aux_loss_enabled(args: Any) -> bool:
+def aux_loss_enabled(args: DecoderArgs) -> bool:
     """Whether a model of `args` has MoE layers with an auxiliary loss (``args.moe``, models/moe.py)."""
-    moe = getattr(args, "moe", None)
+    moe = args.moe
     return moe is not None and moe.aux_loss_coeff > 0
 
 

@@ -46,10 +46,7 @@ from dtrain.parallelize.grad_norm import total_grad_norm
 from dtrain.parallelize.pipeline_extra_loss import StageExtraLoss, shape_inference
 from dtrain.parallelize.pipeline_plan import SINGLE_STAGE_SCHEDULES, PipelinePlan
 from dtrain.parallelize.pipeline_split import StageModule
-from dtrain.parallelize.torch_compat import (
-    PipelineStageWithForwardOnlyHandoff,
-    clip_grads_with_norm_,
-)
+from dtrain.parallelize.torch_compat import PipelineStageWithForwardOnlyHandoff, clip_grads_with_norm_
 
 SCHEDULE_CLASSES = {
     "GPipe": ScheduleGPipe,

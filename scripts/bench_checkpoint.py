@@ -38,8 +38,8 @@ from dtrain.models.llama3 import Llama3Args, Transformer
 from dtrain.step.executor import LocalExecutor
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
-from dtrain.step.state import TrainState
-from dtrain.step.train_step import cross_entropy_sum, train_step
+from dtrain.step.state import StepSetup, TrainState
+from dtrain.step.train_step import StepLoss, train_step
 
 
 @dataclass
@@ -60,9 +60,7 @@ def build_state(args: Llama3Args, cfg: JobConfig, device: torch.device) -> Train
         optimizer=optimizer,
         lr_scheduler=build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler),
         dataloader=build_dataloader(cfg.training, build_tokenizer(cfg.model), 0, 1, seed=cfg.debug.seed),
-        executor=LocalExecutor(cross_entropy_sum),
-        seed=cfg.debug.seed,
-        max_norm=cfg.training.max_norm,
+        setup=StepSetup(LocalExecutor(StepLoss()), seed=cfg.debug.seed, max_norm=cfg.training.max_norm),
     )
     timed_step(state)  # creates the optimizer state, so the checkpoint has its real size
     return state
@@ -85,7 +83,10 @@ def time_modes(state: TrainState, cfg: JobConfig, modes: list[str], rounds: int,
     for mode in modes:
         mode_cfg = copy.deepcopy(cfg)
         mode_cfg.checkpoint.async_mode = mode
-        managers[mode] = CheckpointManager(mode_cfg, run_dir / mode, 0, 1, state)
+        managers[mode] = CheckpointManager(
+            mode_cfg.checkpoint, run_dir / mode, 0, 1, state, training=mode_cfg.training,
+            parallelism=mode_cfg.parallelism, model=mode_cfg.model, optimizer=mode_cfg.optimizer,
+        )
         timings[mode] = Timing(mode)
     for round_ in range(rounds + 1):  # the first round allocates the staging buffers: not timed
         for mode, manager in managers.items():

@@ -36,8 +36,8 @@ from dtrain.parallelize import get_family
 from dtrain.step.executor import LocalExecutor
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
-from dtrain.step.state import TrainState
-from dtrain.step.train_step import cross_entropy_sum, train_step
+from dtrain.step.state import StepSetup, TrainState
+from dtrain.step.train_step import StepLoss, train_step
 
 # torchtitan's Llama 3 8B on 8 H100s, eager bf16 FSDP (its docs/performance.md): what one GPU rank consumes.
 H100_LLAMA3_8B_TOKENS_PER_S = 5762
@@ -76,7 +76,7 @@ def training_rate(batch: int, seq_len: int, vocab_size: int, steps: int = 3) -> 
     model.init_weights()
     optimizer = build_optimizers([model], Optimizer(lr=1e-4), torch.device("cpu"))
     state = TrainState([model], optimizer, build_lr_scheduler(optimizer, 10**6, LRScheduler()), None,
-                       LocalExecutor(cross_entropy_sum), seed=0, max_norm=1.0)
+                       StepSetup(LocalExecutor(StepLoss()), seed=0, max_norm=1.0))
     tokens = torch.randint(0, vocab_size, (batch, seq_len + 1))
     data = [{"input_ids": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous()}]
     train_step(state, data)["loss"].item()

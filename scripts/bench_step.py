@@ -24,8 +24,8 @@ from dtrain.parallelize import get_family
 from dtrain.step.executor import LocalExecutor
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizer, build_optimizers
-from dtrain.step.state import TrainState
-from dtrain.step.train_step import cross_entropy_sum, train_step
+from dtrain.step.state import StepSetup, TrainState
+from dtrain.step.train_step import StepLoss, train_step
 
 
 class FixedBatchData:
@@ -70,9 +70,7 @@ def dtrain_loop(model, batch, steps, max_norm, opt_cfg, sched_cfg, device):
         optimizer=optimizer,
         lr_scheduler=build_lr_scheduler(optimizer, 10**6, sched_cfg),
         dataloader=FixedBatchData(),
-        executor=LocalExecutor(cross_entropy_sum),
-        seed=0,
-        max_norm=max_norm,
+        setup=StepSetup(LocalExecutor(StepLoss()), seed=0, max_norm=max_norm),
     )
 
     def run(n):

@@ -24,14 +24,7 @@ import torch
 
 from dtrain.checkpoint import dcp_io
 from dtrain.checkpoint.folders import CommitRecord, commit
-from dtrain.checkpoint.hf_io import (
-    CONFIG_FILE,
-    build_adapter,
-    iter_hf_weights,
-    read_hf_config,
-    save_hf,
-    token_ids,
-)
+from dtrain.checkpoint.hf_io import CONFIG_FILE, build_adapter, iter_hf_weights, read_hf_config, save_hf, token_ids
 from dtrain.errors import DtrainError
 from dtrain.parallelize import FAMILIES, get_family
 from dtrain.run.hf_start import family_of

@@ -26,9 +26,8 @@ from dtrain.data.tokenize_corpus import (
     tokenize_corpus,
     verify,
 )
-from dtrain.data.tokenizer import build_tokenizer
+from dtrain.data.tokenizer_factory import build_tokenizer
 from dtrain.errors import DtrainError
-
 
 # Every worker reads (and parses) every document to find its own, so beyond this many reading outweighs the gain.
 MAX_DEFAULT_WORKERS = 8

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from dtrain.config.schema import JobConfig
+from dtrain.config.schema import Checkpoint
 from dtrain.errors import ConfigError
 from dtrain.precision.low_bit_optim import low_bit_format
 
@@ -14,19 +14,19 @@ from dtrain.precision.low_bit_optim import low_bit_format
 EXCLUDABLE_PARTS = ("optimizer", "lr_scheduler", "dataloader")
 
 
-def check_checkpoint_config(cfg: JobConfig, world_size: int) -> None:
-    """Raise a one-line ConfigError for the first [checkpoint] setting that cannot work for this world size."""
-    c = cfg.checkpoint
+def check_checkpoint_config(c: Checkpoint, optimizer_name: str, world_size: int) -> None:
+    """Raise a one-line ConfigError for the first [checkpoint] setting that cannot work for this world size (or
+    for `optimizer.name`)."""
     if c.async_mode == "async_with_pinned_mem" and not torch.cuda.is_available():
         raise ConfigError(
             "checkpoint.async_mode = async_with_pinned_mem needs CUDA (it stages into pinned host memory for "
             "device-to-host copies); use async_mode = async on this machine"
         )
-    if c.enable and c.async_mode != "disabled" and low_bit_format(cfg.optimizer.name) is not None:
+    if c.enable and c.async_mode != "disabled" and low_bit_format(optimizer_name) is not None:
         # DCP's async stager copies every tensor through new_empty, which torchao's quantized states lack.
         raise ConfigError(
             f"checkpoint.async_mode = {c.async_mode} cannot stage the quantized state of optimizer.name = "
-            f"{cfg.optimizer.name} (torchao's tensors lack new_empty); use checkpoint.async_mode = disabled"
+            f"{optimizer_name} (torchao's tensors lack new_empty); use checkpoint.async_mode = disabled"
         )
     for part in c.exclude_from_loading:
         if part not in EXCLUDABLE_PARTS:

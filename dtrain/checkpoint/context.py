@@ -8,8 +8,9 @@ from typing import Any, Callable, TypeVar
 
 import torch.distributed as dist
 
-from dtrain.config.schema import JobConfig
+from dtrain.config.schema import Checkpoint, Model, Optimizer, Parallelism, Training
 from dtrain.errors import DtrainError
+from dtrain.models.decoder import DecoderArgs
 from dtrain.step.state import TrainState
 
 T = TypeVar("T")
@@ -26,15 +27,20 @@ PARALLEL_DEGREES = (
 
 @dataclass
 class RunContext:
-    """The run a CheckpointManager serves. `group` is a gloo group of all ranks (None in a single process)."""
+    """The run a CheckpointManager serves: the config sections it reads, its state and ranks. `group` is a gloo
+    group of all ranks (None in a single process)."""
 
-    cfg: JobConfig
+    checkpoint: Checkpoint
+    training: Training  # steps, and what the saved data position means
+    parallelism: Parallelism  # recorded with each checkpoint
+    model: Model  # the family, for Hugging Face weights
+    optimizer: Optimizer  # checked against a checkpoint's optimizer state
     folder: Path
     state: TrainState
     rank: int
     world_size: int
     group: dist.ProcessGroup | None
-    model_args: Any
+    model_args: DecoderArgs | None  # None: a state with no model family (tests, tools)
 
     def data_layout(self) -> dict[str, Any]:
         """What the saved data position means: resuming it is exact only if these are unchanged (dp_size aside).
@@ -42,8 +48,8 @@ class RunContext:
         The loader's state counts global sequences of one global stream, so a new data-parallel size continues
         it exactly as long as the global batch (sequences per step), sequence length and dataset stay the same.
         """
-        t = self.cfg.training
-        dp_size = self.state.rank.dp_size
+        t = self.training
+        dp_size = self.state.setup.rank.dp_size
         global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp_size
         return {
             "global_batch": global_batch,
@@ -55,8 +61,8 @@ class RunContext:
             "dp_size": dp_size,
         }
 
-    def parallelism(self) -> dict[str, int]:
-        return {name: getattr(self.cfg.parallelism, name) for name in PARALLEL_DEGREES}
+    def parallel_degrees(self) -> dict[str, int]:
+        return {name: getattr(self.parallelism, name) for name in PARALLEL_DEGREES}
 
     def agree(self, decide: Callable[[], T]) -> T:
         """Run `decide` on rank 0 only and return its result on every rank; its DtrainError is raised on all.

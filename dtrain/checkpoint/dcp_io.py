@@ -183,9 +183,10 @@ def read_metadata(path: Path) -> Metadata:
 def verifying_reader(path: Path) -> VerifyingReader:
     """The reader for the checkpoint at `path`: its metadata read safely first (so that a refused file surfaces as
     itself, not inside DCP's collective error), its items checked against its commit record's checksums where it
-    has one (DamagedCheckpoint if the record no longer matches the files)."""
+    has a record (DamagedCheckpoint if the record no longer matches the files or lacks checksums); a checkpoint
+    without one (from elsewhere) is read unverified."""
     read_metadata(path)
-    checksums = read_record(path).checksums if (path / COMMIT_FILE).is_file() else {}
+    checksums = read_record(path).checksums if (path / COMMIT_FILE).is_file() else None
     return VerifyingReader(str(path), checksums)
 
 

@@ -26,6 +26,7 @@ from dtrain.checkpoint.checksums import (
     check_metadata_file,
     collect_checksums,
     hash_file,
+    table_problem,
 )
 from dtrain.checkpoint.safe_reading import read_metadata_file
 from dtrain.reliability.durable import fsync_path
@@ -132,6 +133,12 @@ def scan_checkpoints(folder: Path) -> FolderScan:
     return FolderScan(committed, incomplete)
 
 
+def is_leftover(path: Path) -> bool:
+    """Whether `path` is a `step-N.partial` (a save that never committed) or `step-N.replaced` (an older copy being
+    replaced) folder: never loaded, whatever files it holds."""
+    return bool(_LEFTOVER_DIR.match(path.name))
+
+
 def is_dcp_checkpoint(path: Path) -> bool:
     return (path / ".metadata").is_file()
 
@@ -171,6 +178,15 @@ def read_record(path: Path) -> CommitRecord:
         record = CommitRecord.from_json((path / COMMIT_FILE).read_text())
     except (OSError, ValueError, TypeError) as err:
         raise DamagedCheckpoint(f"{path}/{COMMIT_FILE} cannot be read ({err})") from err
+    problem = table_problem(record.checksums, record.checksum_algorithm, dcp=record.kind != HF_KIND)
+    if problem is not None:
+        # Every record dtrain commits carries its checksums (since 08813d4); one without was edited or predates them.
+        raise DamagedCheckpoint(
+            f"{path}/{COMMIT_FILE} {problem}: a dtrain checkpoint is always verified, so it is refused (save it "
+            f"again, or delete {COMMIT_FILE} to load it as a checkpoint from elsewhere, unverified)"
+        )
+    if record.kind == HF_KIND and set(record.checksums) != set(record.files):
+        raise DamagedCheckpoint(f"{path}/{COMMIT_FILE} has 'checksums' that do not cover exactly its 'files'")
     for name, size in sorted(record.files.items()):
         file = path / name
         actual = file.stat().st_size if file.is_file() else None

@@ -17,6 +17,7 @@ from torch import nn
 
 from dtrain.checkpoint.dcp_io import model_state_dict, place_like, set_model_weights
 from dtrain.errors import DtrainError
+from dtrain.models.decoder import DecoderArgs
 from dtrain.parallelize import get_family
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -26,7 +27,7 @@ CONFIG_FILE = "config.json"
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id")
 
 
-def build_adapter(family: str, model_args: Any):
+def build_adapter(family: str, model_args: DecoderArgs):
     """The Hugging Face adapter of the family registered as `family`, for models of `model_args`."""
     return get_family(family).model.hf_adapter(model_args)
 

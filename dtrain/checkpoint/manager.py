@@ -2,7 +2,9 @@
 
 Typical use, all ranks alike:
 
-    manager = CheckpointManager(cfg, run_dir, world.rank, world.world_size, state, model_args=args)
+    manager = CheckpointManager(cfg.checkpoint, run_dir, world.rank, world.world_size, state,
+                                training=cfg.training, parallelism=cfg.parallelism, model=cfg.model,
+                                optimizer=cfg.optimizer, model_args=args)
     manager.restore_at_startup()                        # resume / initial load / scratch, logged
     while state.step < cfg.training.steps:
         train_step(...)
@@ -15,21 +17,18 @@ Typical use, all ranks alike:
 from __future__ import annotations
 
 import datetime
-import errno
 import logging
 import shutil
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from dtrain.checkpoint import dcp_io
-from dtrain.checkpoint.config_checks import check_checkpoint_config
 from dtrain.checkpoint.context import RunContext
 from dtrain.checkpoint.folders import (
     HF_KIND,
@@ -43,8 +42,10 @@ from dtrain.checkpoint.folders import (
     step_dir,
 )
 from dtrain.checkpoint.restore import Startup, restore_at_startup
-from dtrain.config.schema import JobConfig
+from dtrain.checkpoint.save_failures import save_failed
+from dtrain.config.schema import Checkpoint, Model, Optimizer, Parallelism, Training
 from dtrain.errors import DtrainError
+from dtrain.models.decoder import DecoderArgs
 from dtrain.step.optimizer import param_grouping
 from dtrain.step.state import TrainState
 
@@ -62,45 +63,36 @@ class _PendingSave:
     started: float
 
 
-# What a failed save most often means, by the errno under DCP's wrapping.
-_SAVE_HINTS = {
-    errno.ENOSPC: "no space left on its device: free some, lower checkpoint.keep_latest_k, or move job.dump_folder",
-    errno.EDQUOT: "disk quota exceeded: free some, or move job.dump_folder",
-    errno.EROFS: "its file system is read-only: move job.dump_folder",
-    errno.EACCES: "permission denied: make the folder writable, or move job.dump_folder",
-}
-
-
-def save_failed(partial: Path, what: str, err: BaseException) -> DtrainError:
-    """One line for a failed save, naming where it was writing and, for the usual causes, what to do."""
-    _, cause = dcp_io.first_failure(err)
-    hint = _SAVE_HINTS.get(getattr(cause, "errno", None))
-    detail = hint if hint else dcp_io.failure_summary(err)
-    return DtrainError(f"checkpoint {partial}: {what} failed ({detail}); the folder is removed on the next start")
-
-
 class CheckpointManager:
     """Saves and restores `state` under `<run_dir>/<checkpoint.folder>` (see docs/checkpointing.md).
 
     Must be constructed on every rank at the same point (it creates a gloo process group when distributed).
-    `model_args` are the model family's args, needed to load Hugging Face weights.
+    `checkpoint` has passed `check_checkpoint_config` (the pre-flight runs it); the other sections are those the
+    checkpoints record and restore checks (see `RunContext`). `model_args` are the model family's args, needed to
+    load Hugging Face weights.
     """
 
     def __init__(
         self,
-        cfg: JobConfig,
+        checkpoint: Checkpoint,
         run_dir: Path | str,
         world_rank: int,
         world_size: int,
         state: TrainState,
         *,
-        model_args: Any = None,
+        training: Training,
+        parallelism: Parallelism,
+        model: Model,
+        optimizer: Optimizer,
+        model_args: DecoderArgs | None = None,
     ):
-        check_checkpoint_config(cfg, world_size)
         group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
-        folder = Path(run_dir) / cfg.checkpoint.folder
-        self.ctx = RunContext(cfg, folder, state, world_rank, world_size, group, model_args)
-        self.cfg = cfg.checkpoint
+        folder = Path(run_dir) / checkpoint.folder
+        self.ctx = RunContext(
+            checkpoint, training, parallelism, model, optimizer, folder, state, world_rank, world_size, group,
+            model_args,
+        )
+        self.cfg = checkpoint
         self.folder = folder
         self._async = None
         self._staging: Future | None = None
@@ -205,8 +197,8 @@ class CheckpointManager:
         try:
             dcp_io.save(weights, shards)
             if self.ctx.rank == 0:
-                adapter = build_adapter(self.ctx.cfg.model.name, self.ctx.model_args)
-                tokens = token_ids(self.ctx.cfg.model, self.cfg)
+                adapter = build_adapter(self.ctx.model.name, self.ctx.model_args)
+                tokens = token_ids(self.ctx.model, self.cfg)
                 save_hf(dcp_io.read_full_weights(shards), partial, adapter, dtype, special_tokens=tokens)
                 shutil.rmtree(shards)
         except (Exception, CheckpointException) as err:
@@ -230,16 +222,16 @@ class CheckpointManager:
             step=step,
             kind=kind,
             tokens_seen=state.tokens_seen,
-            seed=state.seed,
+            seed=state.setup.seed,
             dtype=str(next(iter(weights.values())).dtype).removeprefix("torch."),
             world_size=ctx.world_size,
-            parallelism=ctx.parallelism(),
+            parallelism=ctx.parallel_degrees(),
             data=ctx.data_layout(),
             saved_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             torch_version=torch.__version__,
             tie_word_embeddings=getattr(ctx.model_args, "tie_word_embeddings", None),
-            optimizer=ctx.cfg.optimizer.name if kind == "full" else "",
-            optimizer_grouping=param_grouping(ctx.cfg.optimizer) if kind == "full" else "",
+            optimizer=ctx.optimizer.name if kind == "full" else "",
+            optimizer_grouping=param_grouping(ctx.optimizer) if kind == "full" else "",
         )
 
     def save_seed_checkpoint(self) -> Path:

@@ -44,6 +44,7 @@ from dtrain.checkpoint.spellings import (
     whole_tensor_batches,
 )
 from dtrain.errors import DtrainError
+from dtrain.models.decoder import DecoderArgs
 from dtrain.models.family import WeightSpelling
 from dtrain.precision.low_bit_optim import low_bit_suffix
 from dtrain.step.optimizer import param_grouping
@@ -100,7 +101,7 @@ def restore_at_startup(ctx: RunContext) -> Startup:
         try:
             _apply(ctx, plan)
         except LoadFailed as err:
-            c = ctx.cfg.checkpoint
+            c = ctx.checkpoint
             if plan.rule == "resume" and c.fallback_to_previous and c.load_step < 0:
                 logger.warning(f"{err}; falling back to the previous complete checkpoint")
                 failed.add(plan.path)
@@ -110,13 +111,13 @@ def restore_at_startup(ctx: RunContext) -> Startup:
         startup = Startup(plan.rule, ctx.state.step, plan.path, plan.model_only)
         break
     logger.info(startup.describe())
-    if startup.rule == "resume" and startup.step >= ctx.cfg.training.steps:
-        logger.info(f"checkpoint: the run already reached training.steps = {ctx.cfg.training.steps}; nothing to train")
+    if startup.rule == "resume" and startup.step >= ctx.training.steps:
+        logger.info(f"checkpoint: the run already reached training.steps = {ctx.training.steps}; nothing to train")
     return startup
 
 
 def _choose(ctx: RunContext, failed: set[Path]) -> _Plan:
-    c = ctx.cfg.checkpoint
+    c = ctx.checkpoint
     scan = scan_checkpoints(ctx.folder)
     notes = []
     if scan.incomplete:
@@ -144,7 +145,7 @@ def _choose(ctx: RunContext, failed: set[Path]) -> _Plan:
 
 def _newest_resumable(ctx, committed, failed, notes) -> tuple[Path, CommitRecord] | None:
     """The checkpoint to resume: the newest intact one (or checkpoint.load_step's), as (path, record)."""
-    c = ctx.cfg.checkpoint
+    c = ctx.checkpoint
     candidates = [entry for entry in reversed(committed) if entry.path not in failed]
     if failed and not candidates:
         # Falling back must end at an intact checkpoint, never at a silent fresh start.
@@ -170,7 +171,7 @@ def _newest_resumable(ctx, committed, failed, notes) -> tuple[Path, CommitRecord
                 continue
             hint = FALLBACK_HINT if has_previous and c.load_step < 0 else "remove it to start over"
             raise DtrainError(f"checkpoint {entry.path} is damaged: {err}; {hint}") from None
-        total = ctx.cfg.training.steps
+        total = ctx.training.steps
         if record.model_only and (0 < record.step < total or skipped):
             # Weights alone cannot continue a run mid-way (optimizer, schedule and data position are missing);
             # nor may a run that went past its seed checkpoint silently start over from it.
@@ -181,7 +182,7 @@ def _newest_resumable(ctx, committed, failed, notes) -> tuple[Path, CommitRecord
         return entry.path, record
     if skipped:
         raise DtrainError(
-            f"{ctx.folder} holds only model-only checkpoints before training.steps = {ctx.cfg.training.steps} "
+            f"{ctx.folder} holds only model-only checkpoints before training.steps = {ctx.training.steps} "
             f"({', '.join(p.name for p in skipped)}), which cannot resume a run; start a new run from one with "
             "checkpoint.initial_load_path (and a new job.dump_folder)"
         )
@@ -189,7 +190,7 @@ def _newest_resumable(ctx, committed, failed, notes) -> tuple[Path, CommitRecord
 
 
 def _initial_load_plan(ctx: RunContext, notes: list[str]) -> _Plan:
-    c = ctx.cfg.checkpoint
+    c = ctx.checkpoint
     path = Path(c.initial_load_path)
     key = "checkpoint.initial_load_path"
     if not path.exists():
@@ -253,20 +254,20 @@ def _apply(ctx: RunContext, plan: _Plan) -> None:
     record = plan.record
     if record is not None:
         check_tying(plan.path, record, ctx.model_args)
-    if record is not None and (record.world_size, record.parallelism) != (ctx.world_size, ctx.parallelism()):
+    if record is not None and (record.world_size, record.parallelism) != (ctx.world_size, ctx.parallel_degrees()):
         logger.info(
             f"checkpoint: saved by {record.world_size} rank(s) with {_degrees(record.parallelism)}, loading into "
-            f"{ctx.world_size} with {_degrees(ctx.parallelism())}: DCP reshards"
+            f"{ctx.world_size} with {_degrees(ctx.parallel_degrees())}: DCP reshards"
         )
     if plan.source == "hf":
         from dtrain.checkpoint.hf_io import build_adapter, load_hf_weights
 
-        load_hf_weights(ctx.state.model_parts, plan.path, build_adapter(ctx.cfg.model.name, ctx.model_args))
+        load_hf_weights(ctx.state.model_parts, plan.path, build_adapter(ctx.model.name, ctx.model_args))
     elif plan.model_only:
         # Only a checkpoint from elsewhere (no commit record) may spell the weights otherwise; dtrain's are ours.
         foreign = plan.rule == "initial_load" and record is None
-        spellings = family_spellings(ctx.cfg.model.name, ctx.model_args) if foreign else ()
-        load_weights(ctx, plan.path, spellings, ctx.cfg.checkpoint.initial_load_writer if foreign else "dtrain")
+        spellings = family_spellings(ctx.model.name, ctx.model_args) if foreign else ()
+        load_weights(ctx, plan.path, spellings, ctx.checkpoint.initial_load_writer if foreign else "dtrain")
     else:
         load_full_state(ctx, plan.path, plan.record)
         return
@@ -275,7 +276,7 @@ def _apply(ctx: RunContext, plan: _Plan) -> None:
         ctx.state.step, ctx.state.tokens_seen = record.step, record.tokens_seen
 
 
-def check_tying(path: Path, record: CommitRecord, model_args) -> None:
+def check_tying(path: Path, record: CommitRecord, model_args: DecoderArgs | None) -> None:
     """Refuse weights saved tied into an untied model and the reverse: names and shapes match either way, and
     the load would silently merge two weights into one or copy one into two."""
     saved, ours = record.tie_word_embeddings, getattr(model_args, "tie_word_embeddings", None)
@@ -325,12 +326,12 @@ def load_weights(
 def load_full_state(ctx: RunContext, path: Path, record: CommitRecord) -> None:
     """Load the whole TrainState from `path` except checkpoint.exclude_from_loading, resharding as needed."""
     state = ctx.state
-    exclude = set(ctx.cfg.checkpoint.exclude_from_loading)
+    exclude = set(ctx.checkpoint.exclude_from_loading)
     if "dataloader" not in exclude:
         check_data_layout(ctx, path, record)
     if "optimizer" not in exclude:
-        check_optimizer(path, record.optimizer, ctx.cfg.optimizer.name)
-        check_grouping(path, record.optimizer_grouping, param_grouping(ctx.cfg.optimizer))
+        check_optimizer(path, record.optimizer, ctx.optimizer.name)
+        check_grouping(path, record.optimizer_grouping, param_grouping(ctx.optimizer))
     current = state.state_dict()
     shapes = dcp_io.read_tensor_shapes(path)
     dcp_io.check_weights_fit(path, shapes, f"{dcp_io.MODEL_KEY}.", current[dcp_io.MODEL_KEY])
@@ -338,15 +339,16 @@ def load_full_state(ctx: RunContext, path: Path, record: CommitRecord) -> None:
     ours, settings = group_values(current[dcp_io.OPTIMIZER_KEY]), group_settings(state.optimizer)
     _load(ctx, wanted, path)
     saved_seed = wanted["train"]["seed"]
-    if saved_seed != state.seed:
+    seed = state.setup.seed
+    if saved_seed != seed:
         raise DtrainError(
-            f"checkpoint {path} was trained with debug.seed = {saved_seed}, this run has debug.seed = {state.seed}; "
+            f"checkpoint {path} was trained with debug.seed = {saved_seed}, this run has debug.seed = {seed}; "
             f"set --debug.seed {saved_seed} (seed and step are the run's random state)"
         )
     if "optimizer" not in exclude:
         # Before the state takes them: the load itself would put the checkpoint's hyperparameters in place.
         vectors = {fqn for fqn, weight in current[dcp_io.MODEL_KEY].items() if weight.ndim < 2}
-        check_param_groups(path, record.optimizer_grouping, ctx.cfg.optimizer, ours,
+        check_param_groups(path, record.optimizer_grouping, ctx.optimizer, ours,
                            wanted[dcp_io.OPTIMIZER_KEY], vectors)
     state.load_state_dict({**current, **wanted})
     restore_group_settings(state.optimizer, settings)

@@ -13,20 +13,20 @@ at a time, so a rank holds at most about WHOLE_TENSOR_BUDGET bytes of them beyon
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dtrain.checkpoint.folders import COMMIT_FILE
 from dtrain.errors import DtrainError
+from dtrain.models.decoder import DecoderArgs
 from dtrain.models.family import WeightSpelling
 from dtrain.parallelize import get_family
 
 WHOLE_TENSOR_BUDGET = 1 << 30
 
 
-def family_spellings(family: str, model_args: Any) -> tuple[WeightSpelling, ...]:
+def family_spellings(family: str, model_args: DecoderArgs) -> tuple[WeightSpelling, ...]:
     """The other spellings the family registered as `family` accepts, for models of `model_args`."""
     return get_family(family).model.checkpoint_spellings(model_args)
 

@@ -1,20 +1,17 @@
 """Checks of `[model] converters` and `[quantize.*]`: which converters exist, and what float8 and MX refuse.
 
 Converter names follow torchtitan: v0.2.2 registers float8 as ``quantize.linear.float8`` and MX as
-``quantize.linear.mx`` (older releases as ``float8`` and ``mx``); both spellings are accepted.
+``quantize.linear.mx`` (older releases as ``float8`` and ``mx``); both spellings are accepted. What depends on the
+torch version is checked by the pre-flight (dtrain/run/prepare.py), which knows it.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-import torch
-
 from dtrain.config.schema import JobConfig
 from dtrain.config.torchtitan_keys import REFUSED_CONVERTERS
 from dtrain.errors import ConfigError
-from dtrain.parallelize.pipeline_plan import SPLIT_BACKWARD_SCHEDULES
-from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED, SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS
 
 FLOAT8_NAMES = ("float8", "quantize.linear.float8")
 MX_NAMES = ("mx", "quantize.linear.mx")
@@ -30,22 +27,26 @@ def mx_enabled(cfg: JobConfig) -> bool:
     return any(name in MX_NAMES for name in cfg.model.converters)
 
 
+def cuda_capability() -> tuple[int, int] | None:
+    """This machine's CUDA compute capability; None without a CUDA GPU."""
+    import torch  # only when asked: importing the config must not import torch (nor torch.distributed with it)
+
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+
+
 def has_mx_matmul() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= MX_CAPABILITY
+    capability = cuda_capability()
+    return capability is not None and capability >= MX_CAPABILITY
 
 
 def check_mx(cfg: JobConfig) -> None:
-    """One-line refusals of MX training where it cannot run: no torchao, a torch without the DTensor rules torchao's
-    MXFP8 training needs, or an MX-matmul recipe without a Blackwell-class GPU."""
+    """One-line refusals of MX training where it cannot run: no torchao, or an MX-matmul recipe without a
+    Blackwell-class GPU."""
     recipe = cfg.quantize.linear.mx.recipe_name
     if importlib.util.find_spec("torchao") is None:
         raise ConfigError("model.converters = mx needs torchao (pip install torchao)")
-    if not MXFP8_TRAINING_SUPPORTED:
-        raise ConfigError(
-            f"model.converters = mx: torchao's MXFP8 training needs torch 2.13 (this is {torch.__version__})"
-        )
     if recipe != MX_EMULATED_RECIPE and not has_mx_matmul():
-        capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+        capability = cuda_capability()
         have = "no CUDA GPU" if capability is None else f"a GPU of compute capability {capability[0]}.{capability[1]}"
         raise ConfigError(
             f"quantize.linear.mx.recipe_name = {recipe} needs a Blackwell-class GPU (CUDA compute capability >= "
@@ -91,14 +92,6 @@ def check_converters(cfg: JobConfig) -> None:
         check_mx(cfg)
     if float8_enabled(cfg) and importlib.util.find_spec("torchao") is None:
         raise ConfigError("model.converters = float8 needs torchao (pip install torchao)")
-    schedule = cfg.parallelism.pipeline_parallel_schedule
-    split_backward = cfg.parallelism.pipeline_parallel_degree > 1 and schedule in SPLIT_BACKWARD_SCHEDULES
-    if (float8_enabled(cfg) or mx_enabled(cfg)) and split_backward and not SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS:
-        raise ConfigError(
-            f"model.converters = {cfg.model.converters[0]} with parallelism.pipeline_parallel_schedule = {schedule} "
-            f"needs torch 2.13 (torch {torch.__version__} cannot split the backward of low-precision matmuls); use "
-            "1F1B, GPipe, Interleaved1F1B or LoopedBFS"
-        )
     f8 = cfg.quantize.linear.float8
     key = "quantize.linear.float8"
     if f8.enable_fsdp_float8_all_gather and f8.recipe_name != "tensorwise":

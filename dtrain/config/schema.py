@@ -10,14 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dtrain.parallelize.families import DEFAULT_FAMILY, FAMILIES
+from dtrain.config.model_families import DEFAULT_MODEL_FAMILY, MODEL_FAMILIES, SPLIT_EXAMPLE_STAGES
 
 
 def _split_example() -> str:
-    """A two-stage split of the default family's two-block model, as TOML and on the command line (for the help:
-    module names come from the family's decoder layout, never from shared code)."""
-    d = FAMILIES[DEFAULT_FAMILY].model.model_cls.decoder_layout
-    stages = [[d.embedding, d.block(0)], [d.block(1), d.final_norm, d.head]]
+    """The example pipeline split as TOML and on the command line (for the help)."""
+    stages = SPLIT_EXAMPLE_STAGES
     as_toml = "[" + ", ".join("[" + ", ".join(f'"{name}"' for name in stage) + "]" for stage in stages) + "]"
     return f"{as_toml}; on the command line '" + ",".join(" ".join(stage) for stage in stages) + "'"
 
@@ -48,7 +46,7 @@ class Job:
 
 @dataclass
 class Model:
-    name: str = opt(DEFAULT_FAMILY, "Model family.", choices=tuple(FAMILIES))
+    name: str = opt(DEFAULT_MODEL_FAMILY, "Model family.", choices=MODEL_FAMILIES)
     flavor: str = opt(
         "debugmodel",
         "Size preset of the family (each family's are listed in docs/models.md and in the error for an unknown one); "

@@ -29,8 +29,9 @@ _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f
 def read_toml(path: Path) -> dict[str, Any]:
     """Parse a TOML file; a syntax error or unreadable file is a one-line ConfigError naming the file."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        # utf-8-sig: editors on Windows save a byte-order mark, which tomllib reads as a stray character.
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            return tomllib.loads(f.read())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"cannot parse {path}: {err}") from None
     except UnicodeDecodeError:

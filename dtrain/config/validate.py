@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 
 from dtrain.config.converters import check_converters
+from dtrain.config.dataset_mixture import MIXABLE_KINDS, parse_mixture
 from dtrain.config.fields import config_fields, section_of
 from dtrain.config.schema import JobConfig
 from dtrain.config.values import coerce_value, show_value
-from dtrain.data.mixture import MIXABLE_KINDS, parse_mixture
 from dtrain.errors import ConfigError
 from dtrain.precision.low_bit_optim import low_bit_format
 

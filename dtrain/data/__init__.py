@@ -8,8 +8,10 @@ See docs/data.md for the sources, the packing and sharding rule, and resume sema
 """
 
 from dtrain.data.dataloader import DataLoader, build_dataloader
-from dtrain.data.sources import DocumentSource, build_source
-from dtrain.data.tokenizer import ByteTokenizer, Tokenizer, build_tokenizer
+from dtrain.data.source_factory import build_source
+from dtrain.data.sources import DocumentSource
+from dtrain.data.tokenizer import ByteTokenizer, Tokenizer
+from dtrain.data.tokenizer_factory import build_tokenizer
 
 __all__ = [
     "ByteTokenizer",

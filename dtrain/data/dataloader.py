@@ -1,18 +1,9 @@
 """The training data loader: each data-parallel rank's slice of one global order of fixed-length samples.
 
-Microbatch k of a run is global samples [k * dp_size * lbs, (k + 1) * dp_size * lbs) of that order, and rank r
-takes the lbs samples starting at r * lbs. So the global batch, and with it the loss curve, is the same whatever
-the number of ranks sharing it. The samples come from one sample source (samples.py), or from several mixed by
-weight (mixture.py). A text source is packed as it goes, so every rank packs the whole global batch and keeps its
-slice; a pre-tokenized dataset is read at random, so every rank reads only its own samples.
-
-With document masking (``training.attention_mask = "block_causal"``) a batch also carries ``document_ids``, computed
-from the window alone, so the loader's state is the same with and without it.
-
-Background loading (``training.dataloader``) makes batches ahead of the step in a thread, which with
-``num_workers > 0`` packs documents that worker processes tokenized (workers.py). The batches are the same either
-way, and the state describes the batches handed out, not those made ahead: a checkpoint resumes at the next batch
-the training loop would have taken.
+Rank r of D takes samples [r·lbs, (r+1)·lbs) of each global microbatch, so the batches (and the loss curve) do not
+depend on D. Samples come from one sample source (samples.py) or several mixed by weight (mixture.py), made ahead
+of the step in the background; the state counts the batches handed out, so a resume continues at the next one.
+docs/data.md describes the sharding, background loading and resume rules.
 """
 
 from __future__ import annotations
@@ -25,12 +16,14 @@ from typing import Any, Union
 
 import torch
 
+from dtrain.config.dataset_mixture import MIXABLE_KINDS, parse_mixture
 from dtrain.config.schema import DataLoader as DataLoaderConfig
 from dtrain.config.schema import Training
 from dtrain.data.background import Prefetcher
-from dtrain.data.mixture import MIXABLE_KINDS, Interleave, parse_mixture
+from dtrain.data.mixture import Interleave
 from dtrain.data.samples import PackedSamples, SampleSource, TokenSamples
-from dtrain.data.sources import DocumentSource, build_source
+from dtrain.data.source_factory import build_source
+from dtrain.data.sources import DocumentSource
 from dtrain.data.token_shards import TokenShards
 from dtrain.data.tokenizer import Tokenizer
 from dtrain.errors import DataError

@@ -1,73 +1,15 @@
 """Weighted mixtures: which source each sample of the global order comes from.
 
-The global order is cut in blocks of BLOCK samples. Every block has the same pattern: source s fills count_s of
-its places (its weight's share of BLOCK, rounded by largest remainder so that the counts add up to BLOCK), spread
-evenly through the block (stride scheduling: the j-th sample of s sits at (j + ½) / count_s of the block). So the
-proportions are exact to 1/BLOCK over every block and close within any global batch, the interleave is a
-function of the sample index alone (the same on every rank, and after a resume with another number of ranks), and
-each source is read in its own order, never skipping a sample.
-
-`training.dataset_mixture` lists the sources: entries `[kind, weight]` or `[kind, path, weight]`, e.g.
-`[["tokens", "/data/web", "0.7"], ["files", "/data/code", "0.3"]]`.
+Every block of BLOCK samples has the same pattern, each source's places (config/dataset_mixture.py counts them)
+spread evenly through it by stride scheduling, so the interleave is a function of the sample index alone: the
+same on every rank and after a resume with another number of ranks (docs/data.md, "Mixtures").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from dtrain.config.schema import DATASET_KINDS
-from dtrain.errors import ConfigError
-
-BLOCK = 10_000
-# What a mixture may mix, and what validation may read: every kind of training.dataset but a mixture.
-MIXABLE_KINDS = tuple(kind for kind in DATASET_KINDS if kind != "mixture")
-KEY = "training.dataset_mixture"
-
-
-@dataclass(frozen=True)
-class MixtureEntry:
-    kind: str
-    path: str
-    weight: float
-
-
-def parse_mixture(entries: list[list[str]], kinds: tuple[str, ...]) -> list[MixtureEntry]:
-    """The entries of `training.dataset_mixture`; ConfigError naming the entry when one is malformed."""
-    if not entries:
-        raise ConfigError(f"training.dataset = 'mixture' needs {KEY}: a list of [kind, weight] or [kind, path, weight]")
-    parsed = []
-    for index, entry in enumerate(entries):
-        where = f"{KEY} entry {index} {entry!r}"
-        if len(entry) not in (2, 3):
-            raise ConfigError(f"{where}: give [kind, weight] or [kind, path, weight]")
-        kind, path, weight_text = (entry[0], "", entry[1]) if len(entry) == 2 else tuple(entry)
-        if kind not in kinds:
-            raise ConfigError(f"{where}: kind {kind!r} is not one of {', '.join(kinds)}")
-        try:
-            weight = float(weight_text)
-        except ValueError:
-            raise ConfigError(f"{where}: weight {weight_text!r} is not a number") from None
-        if not weight > 0 or weight == float("inf"):
-            raise ConfigError(f"{where}: weight must be a positive finite number, got {weight_text}")
-        parsed.append(MixtureEntry(kind, path, weight))
-    block_counts([entry.weight for entry in parsed])
-    return parsed
-
-
-def block_counts(weights: list[float]) -> np.ndarray:
-    """Samples of each source per block: the weights' shares of BLOCK, rounded by largest remainder."""
-    shares = np.asarray(weights, dtype=np.float64) / sum(weights) * BLOCK
-    counts = np.floor(shares).astype(np.int64)
-    remainders = shares - counts
-    counts[np.argsort(-remainders, kind="stable")[: BLOCK - int(counts.sum())]] += 1
-    if (counts == 0).any():
-        small = int(np.flatnonzero(counts == 0)[0])
-        raise ConfigError(
-            f"{KEY} entry {small}: its weight is below 1/{BLOCK} of the total, too small to mix in; raise it or drop it"
-        )
-    return counts
+from dtrain.config.dataset_mixture import BLOCK, block_counts
 
 
 class Interleave:

@@ -1,16 +1,9 @@
-"""Sample sources: the training windows of one dataset in one global order, taken in turn by the data loader.
+"""Sample sources: the training windows (`seq_len + 1` tokens) of one dataset in one global order.
 
-A window is `seq_len + 1` tokens (inputs are its first seq_len, labels its last). The loader asks a sample source
-for its next `count` windows of the global order, of which this rank keeps `keep` starting at `first`:
-
-- `PackedSamples` packs a document source (text, or synthetic ids) as it goes: the order is sequential, so every
-  rank packs all `count` windows and keeps its slice (tokenizing in background workers where configured).
-- `TokenSamples` reads a pre-tokenized dataset (token_shards.py), where window w is tokens [w·W, (w+1)·W) of
-  its stream: a rank reads only its own windows, so its work shrinks with the number of data-parallel ranks. Each
-  epoch takes the windows in a seeded order of its own (shuffle.py).
-
-A source's state is a few ints, the same on every rank: resuming, also with another number of ranks, continues
-the global order exactly.
+`PackedSamples` packs a document source as it goes (every rank packs all windows and keeps its slice);
+`TokenSamples` reads a pre-tokenized dataset at random (a rank reads only its own windows, each epoch in a seeded
+order). A source's state is a few ints, the same on every rank, so a resume with any number of ranks continues
+the global order exactly (docs/data.md).
 """
 
 from __future__ import annotations

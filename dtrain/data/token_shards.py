@@ -1,30 +1,9 @@
-"""Pre-tokenized datasets: the on-disk format that scripts/tokenize_dataset.py writes and `training.dataset =
+"""Pre-tokenized datasets: the folder format that scripts/tokenize_dataset.py writes and `training.dataset =
 "tokens"` reads, memory-mapped.
 
-A dataset is a folder:
-
-    manifest.json                  what the folder holds (below); written last, atomically, after every shard
-    shard_00000.tokens             the shard's token ids, raw little-endian `dtype` (uint16 or uint32 by vocab)
-    shard_00000.offsets.npy        int64[num_documents + 1]: where each document starts in the shard, then its end
-
-Every document is stored as `[BOS] tokens [EOS]`, exactly as the packer emits it, and the shards in order are the
-packer's stream for one pass over the source: so global token t of the dataset is found from the shard sizes alone
-(no document index is read to train), and window k of `seq_len + 1` tokens is tokens [k·W, (k+1)·W). A document
-never spans two shards. The offsets are the document boundaries, for tools and for what needs documents.
-
-manifest.json:
-
-    format, version          "dtrain-tokens", 1
-    dtype                    "uint16" or "uint32"
-    tokenizer                {"kind", "vocab_size", "bos_id", "eos_id", "sha256"}: what made the ids (sha256 of the
-                             tokenizer file; null for the byte tokenizer, which reads none)
-    shard_tokens             the writer's shard size (a resumed tokenization cuts the shards where the first would)
-    num_tokens, num_documents  totals over the shards
-    shards                   [{"tokens", "offsets", "num_tokens", "num_documents", "sha256"}] in order (file names
-                             relative to the folder, sha256 of the tokens file)
-    input                    {"path", "kind", "text_field", "next_position"}: what was tokenized, and the source
-                             position of the first document not yet in a shard (resuming an interrupted run)
-    complete                 false until every document of the input is in a shard
+The shards in order hold every document as `[BOS] tokens [EOS]`, the packer's stream for one pass over the source,
+so window k of `seq_len + 1` tokens is found from the shard sizes alone; `manifest.json` (written last, atomically)
+says what made them. docs/data.md ("Pre-tokenizing a corpus") lists the files and the manifest's fields.
 """
 
 from __future__ import annotations
@@ -119,7 +98,8 @@ class TokenShards:
 
     Checks at open: the manifest is complete, the tokenizer is the one that made it, and every tokens file has the
     size the manifest gives (a truncated or missing shard is refused, naming it). Checksums are for
-    `scripts/tokenize_dataset.py --verify`, which reads every byte.
+    `scripts/tokenize_dataset.py --verify`, which reads every byte. Each read checks its ids against the
+    tokenizer's vocabulary, so a damaged or foreign shard is refused before an id reaches the embedding.
     """
 
     def __init__(self, folder: str, tokenizer: Tokenizer, key: str = "training.dataset_path"):
@@ -131,6 +111,11 @@ class TokenShards:
                 "again with the same arguments to finish it"
             )
         check_tokenizer(manifest, tokenizer, folder, key)
+        self.key = key
+        # The tokenizer's, not the model's (which may be larger): no id at or above it can have been written by
+        # the tokenizer the manifest names (the writer refuses one), so any such id is damage, even one the
+        # model's padding rows would accept.
+        self.vocab_size = int(tokenizer.vocab_size)
         self.dtype = np.dtype(manifest["dtype"]).newbyteorder("<")  # the format is little-endian
         self.num_tokens = int(manifest["num_tokens"])
         self.num_documents = int(manifest["num_documents"])
@@ -171,10 +156,23 @@ class TokenShards:
         while position < end:
             offset = position - int(self._starts[shard])
             take = min(end, int(self._starts[shard + 1])) - position
-            pieces.append(self._shard(shard)[offset : offset + take])
+            piece = self._shard(shard)[offset : offset + take]
+            self._check_ids(piece, shard, offset)
+            pieces.append(piece)
             position += take
             shard += 1
         return np.concatenate(pieces).astype(np.int64) if pieces else np.empty(0, dtype=np.int64)
+
+    def _check_ids(self, piece: np.ndarray, shard: int, offset: int) -> None:
+        # One vectorised max per window: a few microseconds beside the copy (the ids are unsigned, never < 0).
+        if piece.size and int(piece.max()) >= self.vocab_size:
+            where = int(np.argmax(piece >= self.vocab_size))
+            raise DataError(
+                f"{self.key} {self.folder!r}: shard {os.path.basename(self._files[shard])} holds id "
+                f"{int(piece[where])} at token {offset + where}, outside the tokenizer's vocabulary of "
+                f"{self.vocab_size}; the shard is damaged or foreign: tokenize it again "
+                "(scripts/tokenize_dataset.py --verify checks every shard)"
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         # Worker processes and pickling reopen the maps themselves.

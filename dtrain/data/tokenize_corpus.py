@@ -1,15 +1,8 @@
 """Tokenize a corpus once into token shards (the format of token_shards.py): what scripts/tokenize_dataset.py runs.
 
-Documents are read from a document source (files, a local Hugging Face dataset, the built-in corpus, or several of
-one kind one after the other), tokenized in worker processes (workers.py: in source order whatever their number, so
-the output is byte-identical for any `workers`) and streamed into the current shard's temporary file, which is
-closed after the document that brings it to `shard_tokens`: flushed, renamed into place, and then the manifest is
-rewritten (temporary file + rename) with the shard and the source position after its last document. So an
-interrupted run leaves a folder whose manifest lists only whole shards, and running again continues after the
-last one, giving the bytes an uninterrupted run gives. The manifest says `complete: true` only after the last shard.
-
-Besides the fields of the format, the manifest records `shard_tokens`, so that a resumed run cuts the shards where
-the first run would have.
+Documents are tokenized in worker processes (in source order, so the bytes do not depend on their number) and
+streamed into shards, each renamed into place before the manifest is rewritten: an interrupted run leaves only
+whole shards, and running again continues after the last one (docs/data.md, "Pre-tokenizing a corpus").
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Worker processes that tokenize the document stream ahead of the packer (`training.dataloader.num_workers > 0`).
 
-Packing is sequential (where a window starts depends on every earlier document's length), so workers do not make
-whole batches: they tokenize, the expensive part. The stream of documents is dealt out in groups of
-DOCUMENTS_PER_GROUP consecutive documents, group g to worker g % num_workers, and `TokenizerPool.stream` reads the
-groups back in the same round-robin order, so the packer sees exactly the stream it would tokenize itself, whatever
-the number of workers. Every worker reads every document (it must know which are its own, and sources have no
-random access) but tokenizes only its groups: reading is cheap next to tokenizing.
-
-A worker gets a command ("tokenize from (epoch, position)", tagged with a generation number) and then works ahead
-until its queue holds `prefetch_factor` groups. A new command (a rewind: resume, or a validation loader going back
-to its start) restarts it; results of an older generation are dropped. Workers are daemon processes that ignore
-SIGINT (the parent decides when they stop) and exit when the parent is gone.
+Packing is sequential, so workers only tokenize (the expensive part): groups of DOCUMENTS_PER_GROUP documents are
+dealt out round-robin and read back in the same order, so the packer sees the stream it would tokenize itself,
+whatever the number of workers (docs/data.md, "Background loading"). A new command (a rewind) restarts a worker
+under a new generation number; results of an older one are dropped.
 """
 
 from __future__ import annotations

@@ -23,16 +23,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dtrain.config.schema import JobConfig
-from dtrain.data.tokenizer import build_tokenizer
+from dtrain.config.schema import ActivationCheckpoint, JobConfig
+from dtrain.data.tokenizer_factory import build_tokenizer
 from dtrain.errors import DataError
-from dtrain.estimate.communication import (
-    Collective,
-    StepShape,
-    intra_node,
-    step_collectives,
-)
+from dtrain.estimate.communication import Collective, StepShape, intra_node, step_collectives
 from dtrain.estimate.hardware import Hardware
+from dtrain.models.decoder import DecoderArgs, decoder_layout
+from dtrain.models.moe import MoE
 from dtrain.parallelize import FamilySpec
 from dtrain.parallelize.pipeline_bubble import bubble_fraction
 from dtrain.parallelize.pipeline_split import StageModule, split_model
@@ -86,7 +83,7 @@ class Estimate:
     step_time_s: float
     compute_time_s: float
     comm_time_s: dict[str, float]
-    model_args: Any = None
+    model_args: DecoderArgs | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -130,10 +127,9 @@ class Estimate:
         }
 
 
-def recompute_factor(cfg: JobConfig) -> float:
+def recompute_factor(ac: ActivationCheckpoint) -> float:
     """The step's FLOPs over a step without recomputation: full AC runs every layer's forward twice (forward is
     a third of a layer's training FLOPs); selective AC every Nth layer's; by-op AC recomputes the cheap ops."""
-    ac = cfg.activation_checkpoint
     if ac.mode == "full":
         return 4 / 3
     if ac.mode == "selective" and ac.selective_ac_option.isdigit():
@@ -155,7 +151,8 @@ def _vocab_size(cfg: JobConfig, family: FamilySpec, start: HFStart | None, notes
 
 
 def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
-    """Estimate the run `cfg` describes on `world_size` devices of `hardware`."""
+    """Estimate the run `cfg` describes on `world_size` devices of `hardware`; reads the whole config: it is a
+    tool over the whole run."""
     notes: list[str] = []
     family, start = model_family(cfg)  # as training resolves them: a run's config.toml may name no flavor
     args = model_args(cfg, family.model, _vocab_size(cfg, family, start, notes), start)
@@ -175,12 +172,11 @@ def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
                 model = family.model.model_cls(args)
             pieces = split_model(model, plan, layout.rank.pp_rank) if plan else [StageModule(0, model)]
             parts = [family.parallelize(p.module, layout.mesh, layout.dims, layout.options) for p in pieces]
-            workload = Workload.of(cfg, layout)
+            workload = Workload.of(cfg.training, cfg.optimizer, layout)
             memory = estimate_memory(parts, args, layout, workload, device)
             local = sum(_local_numel(p) for part in parts for p in part.parameters())
-            layers = sum(len(getattr(part, "layers", {})) for part in parts)
-            moe_layers = sum(1 for part in parts for block in getattr(part, "layers", {}).values()
-                             if getattr(block, "moe", None) is not None)
+            blocks = [block for part in parts for block in decoder_layout(part).blocks_of(part).values()]
+            moe_layers = sum(1 for block in blocks if any(isinstance(m, MoE) for m in block.modules()))
         fsdp = dims.dp_shard * dims.cp if dims.dp_shard > 1 else 1
         microbatches = workload.microbatches * (plan.n_microbatches if plan else 1)
         mb_sequences = plan.microbatch_size if plan else t.local_batch_size
@@ -191,10 +187,10 @@ def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
             microbatches=microbatches,
             microbatch_tokens=mb_sequences * seq_len,
             dim=args.dim,
-            kv_dim=_kv_dim(args),
-            layers=layers,
+            kv_dim=args.n_kv_heads * args.head_dim,
+            layers=len(blocks),
             moe_layers=moe_layers,
-            top_k=getattr(getattr(args, "moe", None), "top_k", 0) or 0,
+            top_k=args.moe.top_k if args.moe is not None else 0,
             stages_per_rank=plan.stages_per_rank if plan else 1,
             full_ac=cfg.activation_checkpoint.mode == "full",
         )
@@ -203,7 +199,7 @@ def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
     flops_per_token = family.model.flops_per_token(args, seq_len)
     global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dims.dp_size
     tokens = global_batch * seq_len
-    compute = flops_per_token * tokens / world_size * recompute_factor(cfg)
+    compute = flops_per_token * tokens / world_size * recompute_factor(cfg.activation_checkpoint)
     compute_s = compute / (hardware.peak_flops(t.mixed_precision_param) * hardware.matmul_efficiency)
     busiest = max(stages, key=lambda s: s.memory.total)
     comm_s: dict[str, float] = {}
@@ -214,17 +210,12 @@ def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
     exposed = sum(s for c, s in zip(busiest.collectives, comm_s.values()) if not c.overlapped)
     step_s = (max(compute_s, overlapped) + exposed) / (1 - bubble)
     description = (
-        f"{model_description(cfg)}, {world_size} x {hardware.name}: dp_replicate {dims.dp_replicate}, "
-        f"dp_shard {dims.dp_shard}, tp {dims.tp}, pp {dims.pp}, cp {dims.cp}, ep {dims.ep}; global batch "
-        f"{global_batch} x {seq_len}, AC {cfg.activation_checkpoint.mode}, {t.mixed_precision_param}"
+        f"{model_description(cfg.model, cfg.checkpoint)}, {world_size} x {hardware.name}: dp_replicate "
+        f"{dims.dp_replicate}, dp_shard {dims.dp_shard}, tp {dims.tp}, pp {dims.pp}, cp {dims.cp}, ep {dims.ep}; "
+        f"global batch {global_batch} x {seq_len}, AC {cfg.activation_checkpoint.mode}, {t.mixed_precision_param}"
     )
     return Estimate(world_size, hardware, description, stages, bubble, flops_per_token, tokens, step_s, compute_s,
                     comm_s, args, notes)
-
-
-def _kv_dim(args) -> int:
-    heads = getattr(args, "n_kv_heads", None) or args.n_heads
-    return heads * (getattr(args, "head_dim", None) or args.dim // args.n_heads)
 
 
 def _local_numel(param: torch.Tensor) -> int:

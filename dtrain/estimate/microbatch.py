@@ -65,7 +65,8 @@ def _time_stage(stage: torch.nn.Module, b: int, seq_len: int, vocab: int, device
 
 def advise_microbatch(cfg: JobConfig, world_size: int, hardware: Hardware, device: torch.device,
                       repeats: int = 3) -> list[Candidate]:
-    """Every candidate microbatch size with its measured times, the rule's step time and its memory."""
+    """Every candidate microbatch size with its measured times, the rule's step time and its memory; reads the
+    whole config, as the estimate does."""
     dims = parallel_dims(cfg.parallelism, world_size)
     if dims.pp == 1:
         raise ConfigError(

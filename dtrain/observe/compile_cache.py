@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import xxhash
 
-from dtrain.config.schema import JobConfig
+from dtrain.config.schema import Compile, JobConfig
 from dtrain.config.toml_io import config_to_dict
 
 logger = logging.getLogger("dtrain")
@@ -50,7 +50,8 @@ _GRAPH_TRAINING_KEYS = (
 
 def graph_settings(cfg: JobConfig, world_size: int) -> dict:
     """The settings the compiled graphs depend on: torch and device, model, layout, AC, compile, precision and
-    batch shapes (the key hashes these)."""
+    batch shapes (the key hashes these). It reads the resolved config as data, a few fields of many sections, so it
+    takes the whole config."""
     document = config_to_dict(cfg)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {
@@ -71,9 +72,9 @@ def cache_key(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cache_root(cfg: JobConfig) -> Path:
+def cache_root(compile: Compile, dump_folder: str) -> Path:
     """compile.cache_dir (relative to job.dump_folder unless absolute), or the run folder's compile_cache."""
-    return Path(cfg.job.dump_folder) / (cfg.compile.cache_dir or DEFAULT_FOLDER)
+    return Path(dump_folder) / (compile.cache_dir or DEFAULT_FOLDER)
 
 
 @dataclass
@@ -87,9 +88,9 @@ class PortableCompileCache:
     loaded: dict | None = None  # what `load` put into the caches, for the compile report
 
     @classmethod
-    def for_run(cls, cfg: JobConfig, rank: int, world_size: int) -> PortableCompileCache:
-        settings = graph_settings(cfg, world_size)
-        return cls(cache_root(cfg) / cache_key(settings), rank, settings)
+    def for_run(cls, settings: dict, compile: Compile, dump_folder: str, rank: int) -> PortableCompileCache:
+        """This rank's cache for the graphs of `settings` (see `graph_settings`)."""
+        return cls(cache_root(compile, dump_folder) / cache_key(settings), rank, settings)
 
     @property
     def data_file(self) -> Path:

@@ -230,11 +230,7 @@ def _graph_breaks(counted: dict[str, int]) -> list[GraphBreak]:
 
 def collect_compile_report() -> CompileReport:
     """Summarise torch's compile times, metrics and counters (cumulative over the process)."""
-    from torch._dynamo.utils import (
-        calculate_time_spent,
-        counters,
-        get_compilation_metrics,
-    )
+    from torch._dynamo.utils import calculate_time_spent, counters, get_compilation_metrics
 
     times = calculate_time_spent()
     frame_s, backend_s = times.get("entire_frame_compile", 0.0), times.get("backend_compile", 0.0)

@@ -1,7 +1,8 @@
 """Opt-in performance tooling around the training loop: torch.profiler traces and CUDA memory snapshots.
 
 Both are context managers that yield an object whose ``step()`` the loop calls once after every train step; when
-the feature is disabled they yield a stepper that does nothing, so the loop has no branches::
+the feature is disabled they yield a stepper that does nothing, so the loop has no branches (the trainer registers
+both as hooks around its loop, run/loop_hooks.py)::
 
     with maybe_profile(cfg.profiling, dump_folder, rank, start_step) as profiler, \\
          maybe_memory_snapshot(cfg.profiling, dump_folder, rank, device, start_step) as memory_snapshot:

@@ -16,8 +16,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from dtrain.config.converters import float8_enabled
-from dtrain.config.schema import JobConfig
+from dtrain.config.converters import FLOAT8_NAMES
+from dtrain.config.schema import QuantizeLinearFloat8
 
 logger = logging.getLogger("dtrain")
 
@@ -72,17 +72,20 @@ class Float8Training:
             precompute_float8_dynamic_scale_for_fsdp(part)
 
 
-def build_float8_training(cfg: JobConfig, fsdp_enabled: bool, device: torch.device) -> Float8Training | None:
-    """The run's float8 training, or None when `model.converters` does not ask for it (config already validated).
+def build_float8_training(
+    converters: list[str], f8: QuantizeLinearFloat8, tensor_parallel_degree: int, fsdp_enabled: bool,
+    device: torch.device,
+) -> Float8Training | None:
+    """The run's float8 training, or None when `converters` (`model.converters`) does not ask for it (config
+    already validated); `f8` is `[quantize.linear.float8]`.
 
     Without float8 matmul hardware the matmuls are emulated in high precision (the casts and scales are real), so
     that a float8 config trains, and can be tested, anywhere.
     """
-    if not float8_enabled(cfg):
+    if not any(name in FLOAT8_NAMES for name in converters):
         return None
     from torchao.float8 import Float8LinearConfig
 
-    f8 = cfg.quantize.linear.float8
     emulate = f8.emulate or not has_float8_matmul(device)
     if emulate and not f8.emulate:
         logger.info(
@@ -105,7 +108,7 @@ def build_float8_training(cfg: JobConfig, fsdp_enabled: bool, device: torch.devi
         f8.recipe_name, ", emulated" if emulate else "", ", float8 FSDP all-gather" if all_gather else "",
         ", ".join(f8.filter_fqns) or "(none)",
     )
-    if cfg.parallelism.tensor_parallel_degree > 1 and f8.recipe_name == "tensorwise":
+    if tensor_parallel_degree > 1 and f8.recipe_name == "tensorwise":
         logger.info(
             "float8 tensor parallel: torchao's float8 styles replace the plan's styles of float8 linears (casts "
             "before the collectives; float8 on the wire with NCCL, high precision with gloo)"

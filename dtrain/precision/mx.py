@@ -5,7 +5,8 @@ range per block rather than per tensor or row. torchao's ``MXFP8TrainingOpConfig
 weight for a wrapper tensor whose matmuls quantize both operands to MXFP8 on the fly; the parameter stays the
 same high-precision master weight, so names, dtypes and checkpoints do not change. MX matmuls need a
 Blackwell-class GPU; the ``mxfp8_emulated_rceil`` recipe runs the same casts with high-precision matmuls anywhere
-(what the CPU tests use). Where MX cannot run, the config check refuses it in one line (config/converters.py).
+(what the CPU tests use). Where MX cannot run, the config check refuses it in one line (config/converters.py;
+what depends on the torch version, run/prepare.py).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any, Callable
 
 from torch import nn
 
-from dtrain.config.converters import mx_enabled
-from dtrain.config.schema import JobConfig
+from dtrain.config.converters import MX_NAMES
+from dtrain.config.schema import QuantizeLinearMX
 from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED
 from dtrain.precision.float8 import linear_filter
 
@@ -64,16 +65,13 @@ def allow_mx_tensors_in_checkpoints() -> None:
     )
 
 
-def build_mx_training(cfg: JobConfig) -> MXTraining | None:
-    """The run's MX training, or None when `model.converters` does not ask for it (config already validated)."""
-    if not mx_enabled(cfg):
+def build_mx_training(converters: list[str], mx: QuantizeLinearMX) -> MXTraining | None:
+    """The run's MX training, or None when `converters` (`model.converters`) does not ask for it (config already
+    validated); `mx` is `[quantize.linear.mx]`."""
+    if not any(name in MX_NAMES for name in converters):
         return None
-    from torchao.prototype.moe_training.config import (
-        MXFP8TrainingOpConfig,
-        MXFP8TrainingRecipe,
-    )
+    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
 
-    mx = cfg.quantize.linear.mx
     config = MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe(mx.recipe_name))
     logger.info(
         "MX training: recipe %s, high precision for linears named %s or with a dimension not a multiple of %d",

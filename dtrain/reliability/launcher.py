@@ -6,15 +6,21 @@
   (banners, warnings, its failure report) to a log file;
 - forwards SIGTERM, SIGUSR1 and SIGINT to torchrun, once each (Ctrl-C reaches only this process, since torchrun
   runs in its own session), so preemption and Ctrl-C act as with one process;
-- when torchrun fails, prints the first failing rank's line, which each worker left in LAUNCH_DIR/errors
-  (`record_failure`, called by dtrain.main), or torchrun's last line when no worker got to report; the log is
-  kept in the run folder (named in LAUNCH_DIR/run_dir by the launch check) as torchrun-<time>.log.
+- when torchrun fails, prints the line of the rank that caused it: a rank killed by a signal (which writes
+  nothing, so only torchrun's failure report names it), else the first failing rank's line, which each worker
+  left in LAUNCH_DIR/errors (`record_failure`, called by dtrain.main), else torchrun's last line when no worker
+  got to report; the log is kept in the run folder (named in LAUNCH_DIR/run_dir by the launch check) as
+  torchrun-<time>.log;
+- dies with torchrun's whole tree: torchrun gets SIGKILL from the kernel when the launcher dies (even of
+  SIGKILL: PR_SET_PDEATHSIG), and the workers end once torchrun is gone (parent_watch.py).
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -63,6 +69,28 @@ def outcomes(error_dir: Path) -> list[tuple[float, str, str, str]]:
     return sorted(found)
 
 
+# One failure in torchrun's report (ChildFailedError): "  rank      : 1 (local_rank: 1)" then
+# "  exitcode  : -9 (pid: 123) (SIGKILL)"; a negative exit code is the signal that ended the worker.
+_REPORTED_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank")
+_REPORTED_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+) ")
+# NCCL's watchdog aborts the survivors of a failed peer: a SIGABRT is more often a consequence than a cause.
+_SECONDARY_SIGNALS = {signal.SIGABRT}
+
+
+def killed_ranks(report: Path) -> list[tuple[str, str]]:
+    """(rank, signal name) of each worker that torchrun's report says a signal ended, lowest rank first."""
+    killed, rank = {}, None
+    for line in report.read_text(errors="replace").splitlines():
+        if match := _REPORTED_RANK.match(line):
+            rank = match.group(1)
+        elif (match := _REPORTED_EXIT.match(line)) and rank is not None:
+            code = int(match.group(1))
+            if code < 0 and -code in signal.valid_signals() and signal.Signals(-code) not in _SECONDARY_SIGNALS:
+                killed[rank] = signal.Signals(-code).name
+            rank = None
+    return sorted(killed.items(), key=lambda item: int(item[0]))
+
+
 def keep_report(report: Path, run_dir: Path | None) -> Path:
     """torchrun's log, copied into the run folder when there is one."""
     if run_dir is None or not run_dir.is_dir():
@@ -80,6 +108,13 @@ def summary(error_dir: Path, report: Path, run_dir: Path | None, workers: int, s
     if not failures and signalled and len(ended) == workers:
         return None
     kept = keep_report(report, run_dir)
+    # A rank killed by a signal (kill -9, the OOM killer) left no line, and its peers then fail with
+    # secondary errors ("Connection reset by peer"): it, not the first of them, is what ended the run.
+    recorded = {rank for _, rank, _, _ in ended}
+    killed = [(rank, name) for rank, name in killed_ranks(report) if rank not in recorded]
+    if killed:
+        rank, name = killed[0]
+        return f"error: rank {rank} was killed by {name} (torchrun's report: {kept})"
     if failures:
         rank, line = failures[0]
         return f"error: {line.removeprefix('error: ')} (rank {rank} failed first; torchrun's report: {kept})"
@@ -96,14 +131,27 @@ def _workers(command: list[str]) -> int:
     return 1
 
 
+def _die_with(launcher: int) -> None:
+    """Run in torchrun's process between fork and exec: the kernel sends it SIGKILL when the launcher dies, even
+    of SIGKILL. Its workers then see torchrun gone and end too (parent_watch.py)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != launcher:  # the launcher died before the prctl: nothing would deliver the signal
+        os._exit(1)
+
+
 def launch(launch_dir: Path, command: list[str]) -> int:
     """Run torchrun's `command` as the module docstring says; returns the launch's exit status."""
     error_dir = launch_dir / "errors"
     error_dir.mkdir(exist_ok=True)
     report = launch_dir / "torchrun.log"
     env = {**os.environ, ERROR_DIR_ENV: str(error_dir)}
+    # PR_SET_PDEATHSIG fires when the thread that forked dies, not the process: fork here, from the main thread,
+    # before any reader thread exists (which also keeps preexec_fn safe).
+    launcher = os.getpid()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=lambda: _die_with(launcher))
     signalled: list[str] = []
 
     def forward(signum: int, frame) -> None:

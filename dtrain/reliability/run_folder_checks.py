@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dtrain.config.schema import JobConfig
+from dtrain.config.schema import Checkpoint, Job, Metrics
 from dtrain.errors import ConfigError
 
 
@@ -19,9 +19,9 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def check_run_folder(cfg: JobConfig) -> None:
+def check_run_folder(job: Job, checkpoint: Checkpoint, metrics: Metrics) -> None:
     """Raise ConfigError if the run folder or a path the run writes inside it cannot be used."""
-    run_dir = Path(cfg.job.dump_folder)
+    run_dir = Path(job.dump_folder)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"job.dump_folder {run_dir} is a file; give a folder (it is created if missing)")
     existing = _nearest_existing(run_dir.absolute())
@@ -30,8 +30,8 @@ def check_run_folder(cfg: JobConfig) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "is" if existing == run_dir.absolute() else f"would be created in {existing}, which is"
         raise ConfigError(f"job.dump_folder {run_dir} {what} not writable (read-only or another user's)")
-    folders = {"checkpoint.folder": (cfg.checkpoint.folder, cfg.checkpoint.enable)}
-    folders["metrics.save_tb_folder"] = (cfg.metrics.save_tb_folder, cfg.metrics.enable_tensorboard)
+    folders = {"checkpoint.folder": (checkpoint.folder, checkpoint.enable)}
+    folders["metrics.save_tb_folder"] = (metrics.save_tb_folder, metrics.enable_tensorboard)
     for key, (name, used) in folders.items():
         path = run_dir / name
         if used and path.exists() and not path.is_dir():

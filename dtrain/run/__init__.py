@@ -1,1 +1,2 @@
-"""From a config to a finished run: pre-flight checks, the world, the layout, the model and its state, the loop and its hooks, validation."""
+"""From a config to a finished run: pre-flight checks, the world, the layout, the model and its state, the loop and
+its hooks, validation."""

@@ -1,28 +1,34 @@
 """The TrainState of a run, built from its config: the model parts (meta -> parallelized -> materialized ->
-initialised), optimizer, LR schedule, data and the step executor of the layout."""
+initialised), optimizer, LR schedule, data, and the step's setup with the executor of the layout."""
 
 from __future__ import annotations
 
 import logging
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from dtrain.config.schema import JobConfig
 from dtrain.data import build_dataloader
 from dtrain.models import ModelFamily, count_params
 from dtrain.observe.compile_report import watch_graph_breaks
 from dtrain.parallelize import FamilySpec, compile_kwargs
+from dtrain.parallelize.family_spec import OptimizerStepHook
+from dtrain.parallelize.pipeline_extra_loss import StageExtraLoss
+from dtrain.parallelize.pipeline_schedule import build_pipeline
+from dtrain.parallelize.pipeline_split import StageModule
 from dtrain.precision.float8 import build_float8_training
 from dtrain.precision.mx import build_mx_training
 from dtrain.run.layout import ParallelLayout
 from dtrain.run.memory_preflight import Workload
 from dtrain.run.model_builder import build_model_parts
 from dtrain.run.world import World
-from dtrain.step.executor import build_step_executor
+from dtrain.step.executor import LocalExecutor, PipelineExecutor, StepExecutor
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
-from dtrain.step.state import TrainState
-from dtrain.step.train_step import cross_entropy_sum
+from dtrain.step.state import StepSetup, TrainState
+from dtrain.step.train_step import StepLoss
 
 logger = logging.getLogger("dtrain")
 
@@ -31,11 +37,15 @@ def build_train_state(
     cfg: JobConfig, world: World, layout: ParallelLayout, family: FamilySpec, args, tokenizer
 ) -> TrainState:
     """Model parts (meta → parallelized → materialized → initialised), optimizer, schedule, data and the executor
-    of this layout, as one state."""
+    of this layout, as one state; reads the whole config: it assembles the state from each section's part."""
     # At most one low-precision converter (the config refuses float8 with mx).
-    converter = build_float8_training(cfg, layout.dims.fsdp_enabled, world.device) or build_mx_training(cfg)
+    converters, linear = cfg.model.converters, cfg.quantize.linear
+    converter = build_float8_training(
+        converters, linear.float8, cfg.parallelism.tensor_parallel_degree, layout.dims.fsdp_enabled, world.device
+    ) or build_mx_training(converters, linear.mx)
+    workload = Workload.of(cfg.training, cfg.optimizer, layout)
     stages = build_model_parts(
-        family, args, layout, world.device, seed=cfg.debug.seed, workload=Workload.of(cfg, layout),
+        family, args, layout, world.device, seed=cfg.debug.seed, workload=workload,
         convert=converter.convert if converter else None,
     )
     model_parts = [stage.module for stage in stages]
@@ -44,25 +54,77 @@ def build_train_state(
     rank = layout.rank
     dataloader = build_dataloader(cfg.training, tokenizer, rank.dp_rank, rank.dp_size, seed=cfg.debug.seed)
     logger.info(f"data: {dataloader.description}")
-    loss_fn = cross_entropy_sum
-    if cfg.compile.enable:
+    c = cfg.compile
+    if c.enable:
         watch_graph_breaks()  # compiling is lazy: the breaks happen in the first step, reported after it
-        if "loss" in cfg.compile.components:
-            c = cfg.compile
-            loss_fn = torch.compile(loss_fn, **compile_kwargs(c.backend, c.mode, c.fullgraph, c.dynamic))
-    return TrainState(
-        model_parts=model_parts,
-        optimizer=optimizer,
-        lr_scheduler=lr_scheduler,
-        dataloader=dataloader,
-        executor=build_step_executor(
-            family, layout, stages, loss_fn, world.device, converter.optimizer_step_hook if converter else None
-        ),
+    compile_loss = c.enable and "loss" in c.components
+    loss = StepLoss.build(
+        layout.dims, compile_kwargs(c.backend, c.mode, c.fullgraph, c.dynamic) if compile_loss else None
+    )
+    executor = build_step_executor(
+        family, layout, stages, loss, world.device, converter.optimizer_step_hook if converter else None
+    )
+    setup = StepSetup(
+        executor=executor,
         seed=cfg.debug.seed,
         max_norm=cfg.training.max_norm,
         skip_nonfinite_steps=cfg.training.skip_nonfinite_steps,
         rank=rank,
     )
+    return TrainState(
+        model_parts=model_parts, optimizer=optimizer, lr_scheduler=lr_scheduler, dataloader=dataloader, setup=setup
+    )
+
+
+def build_step_executor(
+    family: FamilySpec,
+    layout: ParallelLayout,
+    stages: list[StageModule],
+    loss: StepLoss,
+    device: torch.device,
+    after_optimizer_step: OptimizerStepHook | None = None,
+) -> StepExecutor:
+    """The executor of `layout`: the pipeline schedule over `stages` under pipeline parallelism, else local.
+
+    `after_optimizer_step` (e.g. float8's scale precompute) runs after the family's own hook.
+    """
+    common = dict(
+        optimizer_step_hook=chain_hooks(family.after_optimizer_step, after_optimizer_step),
+        metrics_hook=family.step_metrics,
+    )
+    parts = [stage.module for stage in stages]
+    terms = family.extra_loss_terms(parts) if family.extra_loss is not None else 0
+    if layout.plan is None:
+        return LocalExecutor(loss, extra_loss=family.extra_loss, extra_loss_terms=terms, **common)
+    pp_group = layout.mesh["pp"].get_group()
+    if family.extra_loss is not None:
+        terms = terms_of_all_stages(terms, pp_group, device)
+    extra_loss = StageExtraLoss(family.extra_loss, stages, terms, layout.plan.num_stages) if terms else None
+    pipeline = build_pipeline(
+        layout.plan, stages, pp_group=pp_group, device=device, loss_fn=loss, extra_loss=extra_loss
+    )
+    return PipelineExecutor(loss, pipeline=pipeline, extra_loss_terms=terms, **common)
+
+
+def terms_of_all_stages(terms: int, pp_group: dist.ProcessGroup, device: torch.device) -> int:
+    """The number of extra loss terms of the whole model: this rank's stages hold `terms` (summed over the
+    pipeline ranks, once, as the executor is built)."""
+    total = torch.tensor(terms, device=device)
+    dist.all_reduce(total, group=pp_group)
+    return int(total.item())
+
+
+def chain_hooks(*hooks: OptimizerStepHook | None) -> OptimizerStepHook | None:
+    """One hook that runs the given ones in order, or None when none is given."""
+    present = [hook for hook in hooks if hook is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+
+    def run_all(model_parts: list[nn.Module]) -> None:
+        for hook in present:
+            hook(model_parts)
+
+    return run_all
 
 
 def whole_model_params(family: ModelFamily, args) -> int:

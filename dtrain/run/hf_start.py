@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from dtrain.checkpoint.hf_io import CONFIG_FILE, read_hf_config
-from dtrain.config.schema import JobConfig, Model
+from dtrain.config.schema import Checkpoint, Model
 from dtrain.errors import ConfigError, DtrainError
+from dtrain.models.decoder import DecoderArgs
 from dtrain.parallelize import FAMILIES, FamilySpec
 
 
@@ -23,7 +24,7 @@ class HFStart:
     """The family and shape a Hugging Face config.json describes, and where it was read (for messages)."""
 
     family: FamilySpec
-    args: Any
+    args: DecoderArgs
     source: str
 
 
@@ -45,10 +46,10 @@ def family_of(config: dict[str, Any], source: str) -> FamilySpec:
     raise ConfigError(f"{source} describes {described}, which no model family reads (valid: {known})")
 
 
-def hf_start(cfg: JobConfig) -> HFStart | None:
-    """The family and shape of the HF checkpoint this run starts from, or None when it starts otherwise (or the
-    folder has no config.json, in which case the flavor decides, as before)."""
-    c = cfg.checkpoint
+def hf_start(c: Checkpoint, model_name: str) -> HFStart | None:
+    """The family and shape of the HF checkpoint `[checkpoint]` starts from, or None when it starts otherwise (or
+    the folder has no config.json, in which case the flavor decides, as before); `model_name` (`model.name`) may
+    only agree with it."""
     if not (c.initial_load_in_hf and c.initial_load_path):
         return None
     path = Path(c.initial_load_path)
@@ -60,8 +61,8 @@ def hf_start(cfg: JobConfig) -> HFStart | None:
         return None
     source = str((path if path.is_dir() else path.parent) / CONFIG_FILE)
     family = family_of(config, source)
-    if cfg.model.name not in (Model().name, family.name):
-        raise ConfigError(f"model.name={cfg.model.name} contradicts {source}, a {family.name} model")
+    if model_name not in (Model().name, family.name):
+        raise ConfigError(f"model.name={model_name} contradicts {source}, a {family.name} model")
     try:
         args = family.model.hf_adapter.args_from_hf_config(config)
     except (KeyError, TypeError, ValueError) as err:

@@ -2,8 +2,9 @@
 
 It is built from the config sections that describe it, and `check_layout` refuses an impossible one before any
 process group exists. What is done with a layout lives elsewhere, each job under its own name:
-`model_builder.build_model_parts` (this rank's model, parallelized and initialised), `step_executor` (how the step
-runs forward and backward on it) and `layout_report` (what the log says about it).
+`model_builder.build_model_parts` (this rank's model, parallelized and initialised),
+`build_state.build_step_executor` (how the step runs forward and backward on it) and `layout_report` (what the log
+says about it).
 
 The same path serves one process and many: a single process is a world of one whose "parallelization" is
 activation checkpointing and compile only (no mesh), so every config key means the same thing everywhere.
@@ -11,14 +12,16 @@ activation checkpointing and compile only (no mesh), so every config key means t
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
 import torch
 
 from dtrain.config.converters import check_mx_compute_dtype
-from dtrain.config.schema import JobConfig, Parallelism
+from dtrain.config.schema import JobConfig, Parallelism, Validation
 from dtrain.errors import ConfigError
+from dtrain.models.decoder import DecoderArgs
 from dtrain.parallelize import (
     FamilySpec,
     ParallelDims,
@@ -27,9 +30,10 @@ from dtrain.parallelize import (
     build_mesh,
     check_compile_options,
 )
+from dtrain.parallelize.context_parallel import shard_sequence
 from dtrain.parallelize.mesh import ParallelMesh
 from dtrain.parallelize.pipeline_plan import PipelinePlan, plan_pipeline
-from dtrain.run.world import World
+from dtrain.run.world import World, dp_rank_and_size, dp_summer
 from dtrain.step.state import RankCoordinates
 
 
@@ -60,7 +64,8 @@ def parallel_dims(parallelism: Parallelism, world_size: int) -> ParallelDims:
 
 
 def parallelize_options(cfg: JobConfig, device_type: str) -> ParallelizeOptions:
-    """The options of five config sections (training, parallelism, activation_checkpoint, compile, job)."""
+    """The options of five config sections (training, parallelism, activation_checkpoint, compile, job): reads
+    the whole config, as it assembles them."""
     trace = cfg.compile.trace_folder
     return ParallelizeOptions(
         device_type=device_type,
@@ -86,7 +91,7 @@ def parallelize_options(cfg: JobConfig, device_type: str) -> ParallelizeOptions:
 
 
 def pipeline_plan(
-    parallelism: Parallelism, local_batch_size: int, dims: ParallelDims, family: FamilySpec, model_args
+    parallelism: Parallelism, local_batch_size: int, dims: ParallelDims, family: FamilySpec, model_args: DecoderArgs
 ) -> PipelinePlan | None:
     """The stages and schedule of a pipeline-parallel run (None without PP); validates the pipeline keys."""
     if dims.pp == 1:
@@ -107,8 +112,9 @@ def pipeline_plan(
     )
 
 
-def check_layout(cfg: JobConfig, world_size: int, family: FamilySpec, model_args) -> None:
-    """Refuse a layout that cannot run, before any process group exists."""
+def check_layout(cfg: JobConfig, world_size: int, family: FamilySpec, model_args: DecoderArgs) -> None:
+    """Refuse a layout that cannot run, before any process group exists; reads the whole config: it is the
+    pre-flight over every section a layout depends on."""
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     training = cfg.training
     try:
@@ -129,28 +135,51 @@ def check_layout(cfg: JobConfig, world_size: int, family: FamilySpec, model_args
     except ParallelismError as err:
         raise ConfigError(str(err)) from None
     if cfg.validation.enable:
-        check_validation_layout(cfg, dims, family, model_args)
+        check_validation_layout(cfg.validation, cfg.parallelism, dims, family, model_args)
 
 
-def check_validation_layout(cfg: JobConfig, dims: ParallelDims, family: FamilySpec, model_args) -> None:
+def check_validation_layout(
+    v: Validation, parallelism: Parallelism, dims: ParallelDims, family: FamilySpec, model_args: DecoderArgs
+) -> None:
     """Validation batches split over the ranks as training's do: the sequence over TP and CP ranks, the batch
     into pipeline microbatches. The checks are training's, so their messages are told which keys gave the sizes."""
-    v = cfg.validation
     try:
         family.check_shapes(dims, model_args, v.seq_len)
-        dims.check_cp_divides(v.seq_len, cfg.parallelism.context_parallel_load_balancer)
-        pipeline_plan(cfg.parallelism, v.local_batch_size, dims, family, model_args)
+        dims.check_cp_divides(v.seq_len, parallelism.context_parallel_load_balancer)
+        pipeline_plan(parallelism, v.local_batch_size, dims, family, model_args)
     except ParallelismError as err:
         message = str(err).replace("training.seq_len", "validation.seq_len")
         raise ConfigError(message.replace("training.local_batch_size", "validation.local_batch_size")) from None
 
 
-def build_layout(cfg: JobConfig, world: World, family: FamilySpec, model_args) -> ParallelLayout:
-    """The layout of this world: mesh, pipeline plan and this rank's coordinates (after the process group)."""
+def rank_coordinates(mesh: ParallelMesh | None, cp_load_balancer: str = "headtail") -> RankCoordinates:
+    """This rank's coordinates on `mesh` (None: the one process of a world of one)."""
+    if mesh is None:
+        return RankCoordinates()
+    dp_rank, dp_size = dp_rank_and_size(mesh)
+    cp_rank, cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
+    return RankCoordinates(
+        pp_rank=mesh["pp"].get_local_rank(),
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        rng_coords=("dp", dp_rank),
+        reduce_over_dp=dp_summer(mesh),
+        cp_size=cp_size,
+        shard_sequence=(
+            functools.partial(shard_sequence, cp_rank=cp_rank, cp=cp_size, load_balancer=cp_load_balancer)
+            if cp_size > 1 else None
+        ),
+    )
+
+
+def build_layout(cfg: JobConfig, world: World, family: FamilySpec, model_args: DecoderArgs) -> ParallelLayout:
+    """The layout of this world: mesh, pipeline plan and this rank's coordinates (after the process group); reads
+    the whole config: it assembles the layout."""
     dims = parallel_dims(cfg.parallelism, world.world_size)
     options = parallelize_options(cfg, world.device.type)
     if not world.distributed:
         return ParallelLayout(dims, options)
     mesh = build_mesh(dims, world.device.type)
     plan = pipeline_plan(cfg.parallelism, cfg.training.local_batch_size, dims, family, model_args)
-    return ParallelLayout(dims, options, mesh=mesh, plan=plan, rank=RankCoordinates.on(mesh, options.cp_load_balancer))
+    return ParallelLayout(dims, options, mesh=mesh, plan=plan, rank=rank_coordinates(mesh, options.cp_load_balancer))
+

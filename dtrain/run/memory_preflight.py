@@ -66,9 +66,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dtrain.config.schema import JobConfig
+from dtrain.config.schema import Optimizer, Training
 from dtrain.errors import DtrainError
-from dtrain.models.decoder import decoder_layout
+from dtrain.models.decoder import DecoderArgs, decoder_layout
 from dtrain.parallelize import local_shard, memory_footprint
 from dtrain.parallelize.activation_checkpoint import parse_selective_option
 from dtrain.precision.low_bit_optim import low_bit_format
@@ -107,18 +107,21 @@ class Workload:
     document_masking: bool = False  # training.attention_mask = block_causal: batches carry document_ids
 
     @classmethod
-    def of(cls, cfg: JobConfig, layout: ParallelLayout) -> Workload:
-        t, device = cfg.training, torch.device(layout.options.device_type)
+    def of(cls, training: Training, optimizer: Optimizer, layout: ParallelLayout) -> Workload:
+        """The workload of `[training]` and `[optimizer]` on `layout`."""
+        device = torch.device(layout.options.device_type)
         return cls(
-            local_batch_size=t.local_batch_size,
-            global_batch_size=t.global_batch_size,
-            seq_len=t.seq_len,
-            microbatches=layout.dims.gradient_accumulation_steps(t.local_batch_size, t.global_batch_size),
-            optimizer=cfg.optimizer.name,
-            foreach_step=low_bit_format(cfg.optimizer.name) is None
-            and kernel_flags(cfg.optimizer.implementation, device).get("foreach", False),
-            skip=t.skip_memory_check,
-            document_masking=t.attention_mask == "block_causal",
+            local_batch_size=training.local_batch_size,
+            global_batch_size=training.global_batch_size,
+            seq_len=training.seq_len,
+            microbatches=layout.dims.gradient_accumulation_steps(
+                training.local_batch_size, training.global_batch_size
+            ),
+            optimizer=optimizer.name,
+            foreach_step=low_bit_format(optimizer.name) is None
+            and kernel_flags(optimizer.implementation, device).get("foreach", False),
+            skip=training.skip_memory_check,
+            document_masking=training.attention_mask == "block_causal",
         )
 
     @property
@@ -160,7 +163,7 @@ class MemoryEstimate:
 
 
 def check_memory(
-    parts: list[nn.Module], model_args, layout: ParallelLayout, workload: Workload, device: torch.device
+    parts: list[nn.Module], model_args: DecoderArgs, layout: ParallelLayout, workload: Workload, device: torch.device
 ) -> None:
     """Estimate this rank's memory from its parallelized (still meta) model parts; refuse in one line what cannot
     fit, on every rank together, unless ``workload.skip``."""
@@ -201,7 +204,7 @@ def _first_refusal(refusal: str | None, layout: ParallelLayout) -> str | None:
 
 
 def estimate_memory(
-    parts: list[nn.Module], model_args, layout: ParallelLayout, workload: Workload, device: torch.device
+    parts: list[nn.Module], model_args: DecoderArgs, layout: ParallelLayout, workload: Workload, device: torch.device
 ) -> MemoryEstimate:
     """This rank's peak memory for one training step of `workload` on `layout` (see the module doc)."""
     footprint = sum((memory_footprint(part) for part in parts[1:]), memory_footprint(parts[0]))
@@ -222,25 +225,25 @@ def estimate_memory(
     )
 
 
-def feed_forward_width(model_args, tp: int = 1) -> float:
+def feed_forward_width(model_args: DecoderArgs, tp: int = 1) -> float:
     """The SwiGLU width a token goes through on one of `tp` tensor-parallel ranks: the dense FFN's split over them,
     or under MoE its ``top_k`` experts' (whole on every TP rank) and the shared experts' (split) together
     (models/moe.py, parallelize/moe_tensor_parallel.py)."""
-    moe = getattr(model_args, "moe", None)
+    moe = model_args.moe
     if moe is None:
         return model_args.ffn_hidden_dim / tp
     return moe.top_k * moe.hidden_dim + moe.num_shared_experts * moe.hidden_dim / tp
 
 
-def routed_copies(model_args, a: int) -> float:
+def routed_copies(model_args: DecoderArgs, a: int) -> float:
     """Bytes per token an MoE layer keeps besides its experts' matmuls: each token's ``top_k`` copies sorted by
     expert, their outputs, and the outputs put back in token order (0 for a dense model)."""
-    moe = getattr(model_args, "moe", None)
+    moe = model_args.moe
     return 0.0 if moe is None else 3.0 * a * moe.top_k * model_args.dim
 
 
 def activation_bytes(
-    parts: list[nn.Module], model_args, layout: ParallelLayout, local_batch_size: int, seq_len: int
+    parts: list[nn.Module], model_args: DecoderArgs, layout: ParallelLayout, local_batch_size: int, seq_len: int
 ) -> int:
     """Peak activation bytes of this rank's `parts` in a step over microbatches of `local_batch_size` sequences of
     `seq_len` tokens (the module doc's formula)."""

@@ -13,11 +13,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from dtrain.parallelize import (
-    FamilySpec,
-    init_weights_like_single_device,
-    init_weights_sharded,
-)
+from dtrain.models.decoder import DecoderArgs
+from dtrain.parallelize import FamilySpec, init_weights_like_single_device, init_weights_sharded
 from dtrain.parallelize.pipeline_split import StageModule, split_model
 from dtrain.run.layout import ParallelLayout
 from dtrain.run.memory_preflight import Workload, check_memory
@@ -26,7 +23,7 @@ from dtrain.step.rng import derive_seed
 
 def build_model_parts(
     family: FamilySpec,
-    model_args,
+    model_args: DecoderArgs,
     layout: ParallelLayout,
     device: torch.device,
     seed: int,

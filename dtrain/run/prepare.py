@@ -12,21 +12,20 @@ from typing import Any
 import torch
 
 from dtrain.checkpoint.config_checks import check_checkpoint_config
-from dtrain.config.schema import JobConfig
+from dtrain.config.converters import FLOAT8_NAMES, MX_NAMES
+from dtrain.config.schema import Checkpoint, JobConfig, Model, Parallelism
 from dtrain.data import build_tokenizer
 from dtrain.errors import ConfigError
 from dtrain.metrics.sinks import check_wandb_installed
 from dtrain.models import ModelFamily
+from dtrain.models.decoder import DecoderArgs
 from dtrain.parallelize import FamilySpec, get_family
+from dtrain.parallelize.pipeline_plan import SPLIT_BACKWARD_SCHEDULES
+from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED, SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS
 from dtrain.reliability.run_folder_checks import check_run_folder
 from dtrain.run.hf_start import HFStart, hf_start
 from dtrain.run.layout import check_layout
-from dtrain.run.model_args import (
-    apply_overrides,
-    base_args,
-    shape_table,
-    typed_overrides,
-)
+from dtrain.run.model_args import apply_overrides, base_args, shape_table, typed_overrides
 from dtrain.run.world import world_size_from_env
 
 
@@ -34,10 +33,12 @@ from dtrain.run.world import world_size_from_env
 class Prepared:
     family: FamilySpec
     tokenizer: Any
-    model_args: Any
+    model_args: DecoderArgs
 
 
-def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int, start: HFStart | None = None):
+def model_args(
+    cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int, start: HFStart | None = None
+) -> DecoderArgs:
     """The model's hyperparameters: the flavor's with the `[model.args]` overrides (the vocabulary too, as in
     torchtitan, or sized for the tokenizer with model.vocab_size_from_tokenizer) and room for seq_len (training's
     and validation's); or, when the run starts from a Hugging Face checkpoint with a config.json (`start`), that
@@ -73,7 +74,7 @@ def model_args(cfg: JobConfig, family: ModelFamily, tokenizer_vocab: int, start:
     )
 
 
-def _agreeing_with(start: HFStart, overrides: dict[str, Any], tie: bool | None) -> Any:
+def _agreeing_with(start: HFStart, overrides: dict[str, Any], tie: bool | None) -> DecoderArgs:
     """The config.json's shape, after checking that no explicit setting says otherwise, with the settings that are
     the run's to choose (the adapter's RUN_FIELDS: max_seq_len, a MoE's balancing) as given."""
     run_fields = start.family.model.hf_adapter.RUN_FIELDS
@@ -94,7 +95,7 @@ def model_family(cfg: JobConfig) -> tuple[FamilySpec, HFStart | None]:
     """The run's model family, and the Hugging Face config.json it starts from if any (which then decides family
     and shape); model.name becomes the family's name and, for such a start, model.flavor empty: the shape came
     from no flavor. Training, the estimator and the tools resolve it alike."""
-    start = hf_start(cfg)
+    start = hf_start(cfg.checkpoint, cfg.model.name)
     try:
         family = start.family if start is not None else get_family(cfg.model.name)
     except ValueError as err:
@@ -105,11 +106,10 @@ def model_family(cfg: JobConfig) -> tuple[FamilySpec, HFStart | None]:
     return family, start
 
 
-def model_description(cfg: JobConfig) -> str:
+def model_description(m: Model, c: Checkpoint) -> str:
     """The model, as the lines that name it say: family and flavor, or, for a config with no flavor, where its
     shape comes from (the Hugging Face folder the run starts from, else [model.args], which then gives every
     field)."""
-    m, c = cfg.model, cfg.checkpoint
     if m.flavor:
         return f"{m.name} {m.flavor}"
     if c.initial_load_in_hf and c.initial_load_path:
@@ -117,10 +117,10 @@ def model_description(cfg: JobConfig) -> str:
     return f"{m.name}, shape as given by model.args"
 
 
-def check_hf_exportable(cfg: JobConfig, family: FamilySpec, args) -> None:
+def check_hf_exportable(checkpoint: Checkpoint, family: FamilySpec, args: DecoderArgs) -> None:
     """A last save in Hugging Face's form is refused now, not after training, when that form cannot express this
     model (e.g. torchtitan's DeepSeek-V3 norm eps)."""
-    if not (cfg.checkpoint.enable and cfg.checkpoint.last_save_in_hf):
+    if not (checkpoint.enable and checkpoint.last_save_in_hf):
         return
     try:
         family.model.hf_adapter(args).hf_config(torch.float32)
@@ -128,15 +128,38 @@ def check_hf_exportable(cfg: JobConfig, family: FamilySpec, args) -> None:
         raise ConfigError(f"checkpoint.last_save_in_hf: {err}") from None
 
 
+def check_converters_on_this_torch(converters: list[str], parallelism: Parallelism) -> None:
+    """float8 and MX training (`model.converters`) where this torch cannot run them: MX without the DTensor rules
+    torchao's MXFP8 training needs, or either with a split-backward pipeline schedule (the config checks the
+    rest)."""
+    mx = any(name in MX_NAMES for name in converters)
+    if mx and not MXFP8_TRAINING_SUPPORTED:
+        raise ConfigError(
+            f"model.converters = mx: torchao's MXFP8 training needs torch 2.13 (this is {torch.__version__})"
+        )
+    schedule = parallelism.pipeline_parallel_schedule
+    split_backward = parallelism.pipeline_parallel_degree > 1 and schedule in SPLIT_BACKWARD_SCHEDULES
+    low_precision = mx or any(name in FLOAT8_NAMES for name in converters)
+    if low_precision and split_backward and not SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS:
+        raise ConfigError(
+            f"model.converters = {converters[0]} with parallelism.pipeline_parallel_schedule = {schedule} "
+            f"needs torch 2.13 (torch {torch.__version__} cannot split the backward of low-precision matmuls); use "
+            "1F1B, GPipe, Interleaved1F1B or LoopedBFS"
+        )
+
+
 def prepare(cfg: JobConfig) -> Prepared:
+    """The run's family, tokenizer and model shape, after every check that needs no process group; reads the
+    whole config: it assembles the run (and records the resolved shape in `cfg.model.args`)."""
+    check_converters_on_this_torch(cfg.model.converters, cfg.parallelism)
     family, start = model_family(cfg)
     tokenizer = build_tokenizer(cfg.model)
     args = model_args(cfg, family.model, tokenizer.vocab_size, start)
     # The run's config.toml records the whole shape it trains, so that it rebuilds the same model by itself.
     cfg.model.args = shape_table(args)
     check_layout(cfg, world_size_from_env(), family, args)
-    check_checkpoint_config(cfg, world_size_from_env())
-    check_hf_exportable(cfg, family, args)
+    check_checkpoint_config(cfg.checkpoint, cfg.optimizer.name, world_size_from_env())
+    check_hf_exportable(cfg.checkpoint, family, args)
     check_wandb_installed(cfg.metrics.enable_wandb)
-    check_run_folder(cfg)
+    check_run_folder(cfg.job, cfg.checkpoint, cfg.metrics)
     return Prepared(family, tokenizer, args)

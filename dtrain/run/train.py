@@ -1,8 +1,8 @@
-"""The training loop: build the TrainState from the config, then step, log and profile until done.
+"""A training run from the pre-flight's result to its end: build the TrainState from the config, then loop.
 
-Setup reads top to bottom in the order things must happen: distributed world, tokenizer, model on the meta
-device, parallelize, materialize and initialise, optimizer and schedule, data, state. The loop itself only
-fetches a batch, calls `train_step` and hands the returned tensors to the metrics logger every `log_freq` steps.
+`train` reads top to bottom in the order things must happen: distributed world, run-folder lock, layout, state,
+checkpoints (restored), the loop's hooks, the loop. The loop itself only fetches a batch, calls `train_step` and
+runs the hooks (run/loop_hooks.py registers them); each part receives the config sections it reads.
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from pathlib import Path
 
 from dtrain.checkpoint import CheckpointManager
 from dtrain.config import to_toml
-from dtrain.config.schema import JobConfig
+from dtrain.config.schema import Comm, JobConfig
 from dtrain.config.toml_io import config_to_dict
 from dtrain.errors import DtrainError, first_line
 from dtrain.metrics import MetricsLogger
-from dtrain.observe.compile_cache import PortableCompileCache
+from dtrain.observe.compile_cache import PortableCompileCache, graph_settings
 from dtrain.reliability.run_lock import locked_run_folder
 from dtrain.run.build_state import build_train_state, whole_model_params
 from dtrain.run.layout import build_layout
 from dtrain.run.layout_report import compute_dtype, describe_layout, log_parallel_plans
 from dtrain.run.loop import run_loop
+from dtrain.run.loop_hooks import training_hooks
 from dtrain.run.prepare import Prepared, model_description
 from dtrain.run.validation import build_validator
 from dtrain.run.world import World, init_world, is_timeout
@@ -34,7 +35,7 @@ logger = logging.getLogger("dtrain")
 
 def write_run_files(cfg: JobConfig, world: World, run_dir: Path) -> None:
     """Write the resolved config into the run directory (rank 0 only): config.toml, and the JSON copy that
-    torchtitan's job.save_config_file asks for."""
+    torchtitan's job.save_config_file asks for. The whole config is what it writes, as data."""
     if world.rank == 0:
         (run_dir / "config.toml").write_text(to_toml(cfg))
         if cfg.job.save_config_file:
@@ -44,7 +45,8 @@ def write_run_files(cfg: JobConfig, world: World, run_dir: Path) -> None:
 
 
 def train(cfg: JobConfig, prepared: Prepared) -> None:
-    """Run the configured training to completion, starting from what `checks.prepare` resolved."""
+    """Run the configured training to completion, starting from what `prepare` resolved; reads the whole
+    config: it assembles the run."""
     family, tokenizer, args = prepared.family, prepared.tokenizer, prepared.model_args
     with contextlib.ExitStack() as stack:
         world = stack.enter_context(init_world(cfg.comm.init_timeout_seconds))
@@ -53,8 +55,11 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
         layout = build_layout(cfg, world, family, args)
         set_determinism(cfg.debug.deterministic, cfg.debug.deterministic_warn_only)
         state = build_train_state(cfg, world, layout, family, args, tokenizer)
-        validator = build_validator(cfg, layout.rank, tokenizer, world.device)
-        checkpoints = CheckpointManager(cfg, run_dir, world.rank, world.world_size, state, model_args=args)
+        validator = build_validator(cfg.validation, cfg.training, cfg.debug.seed, layout.rank, tokenizer, world.device)
+        checkpoints = CheckpointManager(
+            cfg.checkpoint, run_dir, world.rank, world.world_size, state, training=cfg.training,
+            parallelism=cfg.parallelism, model=cfg.model, optimizer=cfg.optimizer, model_args=args,
+        )
         if cfg.checkpoint.create_seed_checkpoint:
             write_run_files(cfg, world, run_dir)
             checkpoints.save_seed_checkpoint()
@@ -75,25 +80,30 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             num_flops_per_token=family.model.flops_per_token(args, cfg.training.seq_len),
             device=world.device,
             dtype=compute_dtype(layout),
-            run_config=config_to_dict(cfg),
+            run_config=config_to_dict(cfg),  # the resolved config, as data for the sinks' run records
         )
         logger.info(
             "model %s: %.3fM parameters; %s; %d microbatch(es) of %d x %d per step on each of %d dp rank(s)",
-            model_description(cfg), whole_model_params(family.model, args) / 1e6, describe_layout(layout),
-            accumulation, cfg.training.local_batch_size, cfg.training.seq_len, layout.rank.dp_size,
+            model_description(cfg.model, cfg.checkpoint), whole_model_params(family.model, args) / 1e6,
+            describe_layout(layout), accumulation, cfg.training.local_batch_size, cfg.training.seq_len,
+            layout.rank.dp_size,
         )
         log_parallel_plans(family, layout)
         compile_cache = None
         if cfg.compile.enable and cfg.compile.cache:
-            compile_cache = PortableCompileCache.for_run(cfg, world.rank, world.world_size)
+            settings = graph_settings(cfg, world.world_size)  # its key hashes the resolved config's values
+            compile_cache = PortableCompileCache.for_run(settings, cfg.compile, cfg.job.dump_folder, world.rank)
             compile_cache.load()
+        hooks = training_hooks(
+            gc_freq=cfg.training.gc_freq, compile=cfg.compile, comm=cfg.comm, profiling=cfg.profiling, world=world,
+            run_dir=run_dir, state=state, checkpoints=checkpoints, metrics=metrics, validator=validator,
+            compile_cache=compile_cache,
+        )
         try:
-            preempted = run_loop(
-                cfg, world, state, run_dir, checkpoints, metrics, accumulation, validator, compile_cache
-            )
+            preempted = run_loop(state, cfg.training.steps, accumulation, world.device, hooks)
         except Exception as err:
             if world.distributed and is_timeout(err):
-                raise timed_out(cfg, err) from err
+                raise timed_out(cfg.comm, err) from err
             raise
         if preempted:
             logger.info("stopped at step %d on a preemption signal; rerun the same command to resume", state.step)
@@ -101,10 +111,10 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             logger.info("training done: %d steps, %d tokens, outputs in %s", state.step, state.tokens_seen, run_dir)
 
 
-def timed_out(cfg: JobConfig, err: BaseException) -> DtrainError:
+def timed_out(comm: Comm, err: BaseException) -> DtrainError:
     first = first_line(err)
     return DtrainError(
         f"a collective timed out, so a rank hung or died (comm.init_timeout_seconds = "
-        f"{cfg.comm.init_timeout_seconds} until the first step is done, comm.train_timeout_seconds = "
-        f"{cfg.comm.train_timeout_seconds} after): {first}"
+        f"{comm.init_timeout_seconds} until the first step is done, comm.train_timeout_seconds = "
+        f"{comm.train_timeout_seconds} after): {first}"
     )

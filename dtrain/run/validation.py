@@ -24,10 +24,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from dtrain.config.schema import JobConfig, Training
+from dtrain.config.dataset_mixture import MIXABLE_KINDS, parse_mixture
+from dtrain.config.schema import Training, Validation
 from dtrain.data import DataLoader, Tokenizer
 from dtrain.data.dataloader import Source, build_sample_source
-from dtrain.data.mixture import MIXABLE_KINDS, parse_mixture
 from dtrain.errors import ConfigError, DataError
 from dtrain.step.state import RankCoordinates, TrainState
 from dtrain.step.train_step import IGNORE_INDEX
@@ -58,13 +58,13 @@ def evaluating(model_parts: list[nn.Module]):
 def validation_loss(state: TrainState, batches: Iterable[Batch]) -> torch.Tensor:
     """The mean token cross-entropy of `batches` (this rank's part of each global batch) over all data- and
     context-parallel ranks: a 0-dim float64 tensor, the same on every rank; nothing is read on the host."""
-    rank = state.rank
+    rank = state.setup.rank
     totals = None  # [summed loss, valid tokens] of this rank's batches
     with evaluating(state.model_parts):
         for batch in batches:
             if rank.shard_sequence is not None:  # context parallel: this rank's tokens of every sequence
                 batch = rank.shard_sequence(batch)
-            loss_sum = state.executor.evaluate(state.model_parts, batch)
+            loss_sum = state.setup.executor.evaluate(state.model_parts, batch)
             tokens = (batch["labels"] != IGNORE_INDEX).sum()
             pair = torch.stack([loss_sum.detach().double(), tokens.double()])
             totals = pair if totals is None else totals + pair
@@ -99,11 +99,10 @@ class Validator:
         return {"val_loss": val_loss, "val_perplexity": val_perplexity}
 
 
-def validation_data(cfg: JobConfig) -> Training:
+def validation_data(v: Validation, training: Training) -> Training:
     """The `[training]` data fields as `[validation]` sets them, for the data functions that read them."""
-    v = cfg.validation
     return replace(
-        cfg.training, dataset=v.dataset, dataset_path=v.dataset_path, seq_len=v.seq_len,
+        training, dataset=v.dataset, dataset_path=v.dataset_path, seq_len=v.seq_len,
         local_batch_size=v.local_batch_size,
     )
 
@@ -145,11 +144,12 @@ def _nested(first: str, second: str) -> bool:
     return bool(first and second) and os.path.commonpath([first, second]) in (first, second)
 
 
-def build_source_for_validation(cfg: JobConfig, tokenizer: Tokenizer) -> Source:
-    """The validation source; a problem with it is reported under the validation keys that name it."""
+def build_source_for_validation(v: Validation, training: Training, seed: int, tokenizer: Tokenizer) -> Source:
+    """The validation source (`seed` is `debug.seed`); a problem with it is reported under the validation keys
+    that name it."""
     try:
         return build_sample_source(
-            validation_data(cfg), tokenizer, seed=cfg.debug.seed, split="validation", key="validation"
+            validation_data(v, training), tokenizer, seed=seed, split="validation", key="validation"
         )
     except DataError as err:
         # The data functions name the [training] keys they read; here the [validation] keys gave them.
@@ -157,19 +157,20 @@ def build_source_for_validation(cfg: JobConfig, tokenizer: Tokenizer) -> Source:
 
 
 def build_validator(
-    cfg: JobConfig, rank: RankCoordinates, tokenizer: Tokenizer, device: torch.device
+    v: Validation, training: Training, seed: int, rank: RankCoordinates, tokenizer: Tokenizer,
+    device: torch.device,
 ) -> Validator | None:
-    """The validator of `[validation]` for this rank (None when it is off); bad data fails here, at start-up."""
-    v = cfg.validation
+    """The validator of `[validation]` for this rank (None when it is off), beside `[training]`'s data and
+    `debug.seed`; bad data fails here, at start-up."""
     if not v.enable:
         return None
-    overlap = check_not_training_data(cfg.training, validation_data(cfg))
-    source = build_source_for_validation(cfg, tokenizer)
+    overlap = check_not_training_data(training, validation_data(v, training))
+    source = build_source_for_validation(v, training, seed, tokenizer)
     # One loader, rewound to the start of the validation set for every evaluation: [validation.dataloader] loads
     # ahead in the background like training's, and with persistent_workers its worker processes stay alive.
     loader = DataLoader(
         source, tokenizer, v.seq_len, v.local_batch_size, rank.dp_rank, rank.dp_size,
-        document_masking=cfg.training.attention_mask == "block_causal", background=v.dataloader,
+        document_masking=training.attention_mask == "block_causal", background=v.dataloader,
     )
     global_batch = rank.dp_size * v.local_batch_size
     if v.steps > 0:

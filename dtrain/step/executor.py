@@ -2,9 +2,10 @@
 
 `train_step` is the same code on every layout. What differs is whether this rank runs its whole model
 (`LocalExecutor`: every layout without pipeline parallelism) or hands each microbatch to the pipeline schedule over
-its stages (`PipelineExecutor`); the trainer picks one when it builds the state (`build_step_executor`). An
-executor holds no training state: the model parts and parameters come from the `TrainState` on every call.
-`evaluate` is the forward-only path of validation (dtrain/run/validation.py) on the same layout.
+its stages (`PipelineExecutor`); the trainer picks one when it builds the state (run/build_state.py). An
+executor holds no training state: the model parts and parameters come from the `TrainState` on every call. It
+calls the step's loss (train_step.py's `StepLoss`) in the loss's context and scales it by what the step passes.
+`evaluate` is the forward-only path of validation (run/validation.py) on the same layout.
 
 A family's optional step hooks (`FamilySpec.extra_loss`, `FamilySpec.after_optimizer_step`) run here, so the step
 never names a family. The extra loss term (the MoE auxiliary loss) is added to the objective after the forward
@@ -17,37 +18,41 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import functools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Protocol
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from dtrain.parallelize import FamilySpec, local_loss, loss_parallel_context
 from dtrain.parallelize.family_spec import ExtraLoss, OptimizerStepHook, StepMetrics
 from dtrain.parallelize.grad_norm import total_grad_norm
-from dtrain.parallelize.pipeline_extra_loss import StageExtraLoss
-from dtrain.parallelize.pipeline_schedule import Pipeline, build_pipeline
-from dtrain.parallelize.pipeline_split import StageModule
+from dtrain.parallelize.pipeline_schedule import Pipeline
 from dtrain.parallelize.torch_compat import clip_grads_with_norm_
-from dtrain.run.layout import ParallelLayout
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Microbatch = dict[str, torch.Tensor]
+
+
+class Loss(Protocol):
+    """What an executor needs of the step's loss (train_step.py's `StepLoss`, which it does not import: the step
+    imports the state, which holds the executor)."""
+
+    def __call__(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The summed loss of `output` against `labels`, a plain tensor."""
+
+    def context(self) -> contextlib.AbstractContextManager:
+        """The context forward, loss and backward run in."""
 
 
 @dataclass(frozen=True)
 class StepExecutor(abc.ABC):
     """Forward/backward of one microbatch, the clipped gradient norm, and the work after the optimizer step.
 
-    `loss_context` is the context forward, loss and backward run in (vocab-parallel cross-entropy under loss
-    parallel); `optimizer_step_hook` is the family's `after_optimizer_step`, `metrics_hook` its `step_metrics`;
-    `extra_loss_terms` the number of terms of the family's extra loss in the whole model (0: it has none).
+    `loss` is the step's loss (forward, loss and backward run in its context: vocab-parallel cross-entropy under
+    loss parallel); `optimizer_step_hook` is the family's `after_optimizer_step`, `metrics_hook` its
+    `step_metrics`; `extra_loss_terms` the number of terms of the family's extra loss in the whole model (0: none).
     """
 
-    loss_context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext, kw_only=True)
+    loss: Loss
     optimizer_step_hook: OptimizerStepHook | None = field(default=None, kw_only=True)
     metrics_hook: StepMetrics | None = field(default=None, kw_only=True)
     extra_loss_terms: int = field(default=0, kw_only=True)
@@ -87,15 +92,14 @@ class StepExecutor(abc.ABC):
 class LocalExecutor(StepExecutor):
     """This rank runs its whole model (`model_parts[0]`), forward then backward."""
 
-    loss_fn: LossFn
     extra_loss: ExtraLoss | None = None
 
     def forward_backward(
         self, model_parts: list[nn.Module], microbatch: Microbatch, grad_scale: torch.Tensor, extra_loss_weight: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        with self.loss_context():
+        with self.loss.context():
             output = model_parts[0](microbatch["input_ids"], document_ids=microbatch.get("document_ids"))
-            loss = self.loss_fn(output, microbatch["labels"])
+            loss = self.loss(output, microbatch["labels"])
             objective = loss * grad_scale
             extra = self.extra_loss(model_parts) if self.has_extra_loss else None
             if extra is not None:
@@ -108,22 +112,22 @@ class LocalExecutor(StepExecutor):
         return clip_grad_norm(parameters, max_norm)
 
     def evaluate(self, model_parts: list[nn.Module], microbatch: Microbatch) -> torch.Tensor:
-        with self.loss_context():
+        with self.loss.context():
             output = model_parts[0](microbatch["input_ids"], document_ids=microbatch.get("document_ids"))
-            return self.loss_fn(output, microbatch["labels"])
+            return self.loss(output, microbatch["labels"])
 
 
 @dataclass(frozen=True)
 class PipelineExecutor(StepExecutor):
-    """The pipeline schedule runs this rank's stages (the modules of `model_parts`, bound when it was built); each
-    stage adds its part of the family's extra loss term to its own backward."""
+    """The pipeline schedule runs this rank's stages (the modules of `model_parts`, and `loss`, bound when it was
+    built); each stage adds its part of the family's extra loss term to its own backward."""
 
     pipeline: Pipeline
 
     def forward_backward(
         self, model_parts: list[nn.Module], microbatch: Microbatch, grad_scale: torch.Tensor, extra_loss_weight: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        with self.loss_context():
+        with self.loss.context():
             # The schedule splits the microbatch further, runs forward and backward over this rank's stages and
             # returns the summed loss and the extra term on every pipeline rank.
             return self.pipeline.step(
@@ -136,7 +140,7 @@ class PipelineExecutor(StepExecutor):
         return self.pipeline.clip_grad_norm(parameters, max_norm)
 
     def evaluate(self, model_parts: list[nn.Module], microbatch: Microbatch) -> torch.Tensor:
-        with self.loss_context():
+        with self.loss.context():
             return self.pipeline.evaluate(
                 microbatch["input_ids"], microbatch["labels"], document_ids=microbatch.get("document_ids")
             )
@@ -149,58 +153,3 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Ten
     if max_norm > 0:
         clip_grads_with_norm_(parameters, max_norm, total_norm)
     return total_norm
-
-
-def build_step_executor(
-    family: FamilySpec,
-    layout: ParallelLayout,
-    stages: list[StageModule],
-    loss_fn: LossFn,
-    device: torch.device,
-    after_optimizer_step: OptimizerStepHook | None = None,
-) -> StepExecutor:
-    """The executor of `layout`: the pipeline schedule over `stages` under pipeline parallelism, else local.
-
-    `loss_fn(output, labels)` is the summed loss; under loss parallel it is made to return a plain tensor.
-    `after_optimizer_step` (e.g. float8's scale precompute) runs after the family's own hook.
-    """
-    if layout.dims.loss_parallel_enabled:
-        loss_fn = local_loss(loss_fn)
-    common = dict(
-        loss_context=functools.partial(loss_parallel_context, layout.dims),
-        optimizer_step_hook=chain_hooks(family.after_optimizer_step, after_optimizer_step),
-        metrics_hook=family.step_metrics,
-    )
-    parts = [stage.module for stage in stages]
-    terms = family.extra_loss_terms(parts) if family.extra_loss is not None else 0
-    if layout.plan is None:
-        return LocalExecutor(loss_fn=loss_fn, extra_loss=family.extra_loss, extra_loss_terms=terms, **common)
-    pp_group = layout.mesh["pp"].get_group()
-    if family.extra_loss is not None:
-        terms = terms_of_all_stages(terms, pp_group, device)
-    extra_loss = StageExtraLoss(family.extra_loss, stages, terms, layout.plan.num_stages) if terms else None
-    pipeline = build_pipeline(
-        layout.plan, stages, pp_group=pp_group, device=device, loss_fn=loss_fn, extra_loss=extra_loss
-    )
-    return PipelineExecutor(pipeline=pipeline, extra_loss_terms=terms, **common)
-
-
-def terms_of_all_stages(terms: int, pp_group: dist.ProcessGroup, device: torch.device) -> int:
-    """The number of extra loss terms of the whole model: this rank's stages hold `terms` (summed over the
-    pipeline ranks, once, as the executor is built)."""
-    total = torch.tensor(terms, device=device)
-    dist.all_reduce(total, group=pp_group)
-    return int(total.item())
-
-
-def chain_hooks(*hooks: OptimizerStepHook | None) -> OptimizerStepHook | None:
-    """One hook that runs the given ones in order, or None when none is given."""
-    present = [hook for hook in hooks if hook is not None]
-    if len(present) <= 1:
-        return present[0] if present else None
-
-    def run_all(model_parts: list[nn.Module]) -> None:
-        for hook in present:
-            hook(model_parts)
-
-    return run_all

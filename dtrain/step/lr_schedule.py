@@ -7,13 +7,22 @@ a torchtitan TOML file gives its learning-rate curve here.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 
-from dtrain.config.schema import LRScheduler
+
+class ScheduleConfig(Protocol):
+    """The keys of the [lr_scheduler] config section that the schedule reads (the step does not import the config)."""
+
+    warmup_steps: int
+    decay_ratio: float | None
+    decay_type: str
+    min_lr_factor: float
+    total_steps: int | None
 
 
-def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
+def lr_factor(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
     """Multiplier of the peak learning rate for optimizer step `step` (0-based) of a schedule of `total_steps`.
 
     Warmup rises as (step + 1) / warmup_steps, so its last step is at the peak; warmup longer than the schedule is
@@ -41,7 +50,7 @@ def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
     return cfg.min_lr_factor + (1 - cfg.min_lr_factor) * remaining
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, training_steps: int, cfg: LRScheduler):
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, training_steps: int, cfg: ScheduleConfig):
     """A LambdaLR over `lr_factor`; its state_dict (last_epoch) is all that resume needs. The schedule spans
     `cfg.total_steps`, or the run's `training_steps` when that is unset."""
     span = cfg.total_steps if cfg.total_steps is not None else training_steps

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import collections
 import warnings
+from typing import Protocol
 
 import torch
 from torch import nn
 
-from dtrain.config.schema import Optimizer as OptimizerConfig
 from dtrain.parallelize import local_shard
 from dtrain.precision.low_bit_optim import low_bit_format, quantizes
 
@@ -20,6 +20,19 @@ from dtrain.precision.low_bit_optim import low_bit_format, quantizes
 warnings.filterwarnings(
     "ignore", message="OptimState(8bit|4bit|Fp8) does not implement _stable_hash_for_caching", category=UserWarning
 )
+
+
+class OptimizerConfig(Protocol):
+    """The keys of the [optimizer] config section that the optimizer reads (the step does not import the config)."""
+
+    name: str
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    no_decay_on_vectors: bool
+    implementation: str
 
 
 def moment_bytes(name: str, param: torch.Tensor) -> int:

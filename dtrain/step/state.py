@@ -1,4 +1,5 @@
-"""TrainState: everything that changes during training, in one object that DCP saves and loads as a unit.
+"""TrainState: everything that changes during training, in one object that DCP saves and loads as a unit, beside
+`StepSetup`, the frozen part the step reads but never changes (executor, seed, clipping, rank coordinates).
 
 Nothing that affects the next step lives outside it (DESIGN §3). Random streams are not saved because they are
 derived from (seed, step, coordinates) at every step (see rng.py), so `seed` and `step` are the whole RNG state.
@@ -8,12 +9,12 @@ state are keyed by the model's own parameter names (pipeline stages keep full-mo
 schedule only its position is kept (its per-group lists would change length with the layout).
 
 `RankCoordinates` is the one piece of the layout the step needs (this rank's data-parallel and context-parallel
-place and reductions); the layout (dtrain/run/layout.py) computes it, the state carries it, and it is never saved.
+place and reductions), as plain data: the layout (run/layout.py) computes it from the mesh, the state's
+setup carries it, and it is never saved.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -28,12 +29,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from dtrain.parallelize.context_parallel import shard_sequence
-from dtrain.run.world import dp_rank_and_size, dp_summer
 from dtrain.step.optimizer import OptimizersContainer
 
 if TYPE_CHECKING:
-    from dtrain.parallelize.mesh import ParallelMesh
     from dtrain.step.executor import StepExecutor
 
 # Optimizer state keyed "state.<param fqn>.<name>" / "param_groups.<param fqn>.<name>": no layout-dependent indices.
@@ -57,48 +55,34 @@ class RankCoordinates:
     cp_size: int = 1
     shard_sequence: Callable[[dict], dict] | None = None
 
-    @classmethod
-    def on(cls, mesh: ParallelMesh | None, cp_load_balancer: str = "headtail") -> RankCoordinates:
-        """This rank's coordinates on `mesh` (None: the one process of a world of one)."""
-        if mesh is None:
-            return cls()
-        dp_rank, dp_size = dp_rank_and_size(mesh)
-        cp_rank, cp_size = mesh["cp"].get_local_rank(), mesh["cp"].size()
-        return cls(
-            pp_rank=mesh["pp"].get_local_rank(),
-            dp_rank=dp_rank,
-            dp_size=dp_size,
-            rng_coords=("dp", dp_rank),
-            reduce_over_dp=dp_summer(mesh),
-            cp_size=cp_size,
-            shard_sequence=(
-                functools.partial(shard_sequence, cp_rank=cp_rank, cp=cp_size, load_balancer=cp_load_balancer)
-                if cp_size > 1 else None
-            ),
-        )
+
+@dataclass(frozen=True)
+class StepSetup:
+    """What the step reads and never changes, fixed for the whole run: how it runs on this layout (`executor`,
+    chosen once), the seed of its random streams, the clipping norm, training.skip_nonfinite_steps and this
+    rank's coordinates (a world of one by default). Not saved, except the seed that a resume checks."""
+
+    executor: StepExecutor
+    seed: int
+    max_norm: float
+    skip_nonfinite_steps: int = 0
+    rank: RankCoordinates = field(default_factory=RankCoordinates)
 
 
 @dataclass
 class TrainState(Stateful):
-    """The training state. `model_parts` is a list so that pipeline stages (several parts per rank) fit as is.
-
-    `executor` is how the step runs forward, backward and clipping on this layout (chosen once, never saved).
-    """
+    """The training state: what the step changes, and its fixed `setup`. `model_parts` is a list so that pipeline
+    stages (several parts per rank) fit as is."""
 
     model_parts: list[nn.Module]
     optimizer: OptimizersContainer
     lr_scheduler: torch.optim.lr_scheduler.LambdaLR
     dataloader: Stateful
-    executor: StepExecutor
-    seed: int
-    max_norm: float
+    setup: StepSetup
     step: int = 0
     tokens_seen: int = 0
-    # training.skip_nonfinite_steps, and how many this launch has skipped (a budget per launch: not saved).
-    skip_nonfinite_steps: int = 0
+    # How many steps this launch has skipped of setup.skip_nonfinite_steps (a budget per launch: not saved).
     skipped_steps: int = 0
-    # How the step talks to the rest of the world: this rank's coordinates in the layout (a world of one by default).
-    rank: RankCoordinates = field(default_factory=RankCoordinates)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -110,7 +94,7 @@ class TrainState(Stateful):
             },
             "lr_scheduler": {"last_epoch": self.lr_scheduler.last_epoch},
             "dataloader": self.dataloader.state_dict(),
-            "train": {"step": self.step, "tokens_seen": self.tokens_seen, "seed": self.seed},
+            "train": {"step": self.step, "tokens_seen": self.tokens_seen, "seed": self.setup.seed},
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -1,22 +1,23 @@
 """The training step: a function of (state, batch) that returns metrics as tensors, with no host sync inside.
 
-How forward, backward and clipping run on this layout (the whole model here, or a pipeline schedule over this
-rank's stages) is the state's executor (executor.py), chosen once; this file is the same on every layout.
+The loss reads here whole: `cross_entropy_sum`, the `StepLoss` built once from it (compiled or not, vocab-parallel
+or not), and the scales the step computes and passes with every microbatch. How forward, backward and clipping run
+on this layout (the whole model, or a pipeline schedule over this rank's stages) is the executor of the state's
+setup (executor.py), chosen once and given the `StepLoss` to call; this file is the same on every layout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from dtrain.step.nonfinite import (
-    Diverged,
-    diverged_message,
-    finite_on_every_rank,
-    local_value,
-)
+from dtrain.parallelize import ParallelDims, local_loss, loss_parallel_context
+from dtrain.step.nonfinite import Diverged, diverged_message, finite_on_every_rank, local_value
 from dtrain.step.rng import seed_everything
 from dtrain.step.state import TrainState
 
@@ -29,6 +30,32 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
 
 
+@dataclass(frozen=True)
+class StepLoss:
+    """The summed loss the executor calls, built once for a run (`build`): `fn`, and the layout under whose loss
+    parallel forward, loss and backward run (`dims`). The default is one process's eager `cross_entropy_sum`."""
+
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_sum
+    dims: ParallelDims | None = None
+
+    @classmethod
+    def build(cls, dims: ParallelDims, compile_options: dict[str, Any] | None = None) -> StepLoss:
+        """`cross_entropy_sum`, compiled with `compile_options` (None: eager). Under loss parallel the logits stay
+        sharded over the vocabulary and the loss comes back as a DTensor, made a plain tensor so that the step can
+        mix it with its token counts."""
+        fn = cross_entropy_sum
+        if compile_options is not None:
+            fn = torch.compile(fn, **compile_options)
+        return cls(local_loss(fn) if dims.loss_parallel_enabled else fn, dims)
+
+    def __call__(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.fn(output, labels)
+
+    def context(self) -> contextlib.AbstractContextManager:
+        """Vocab-parallel cross-entropy under loss parallel; nothing otherwise."""
+        return loss_parallel_context(self.dims) if self.dims is not None else contextlib.nullcontext()
+
+
 def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """One optimizer step over this rank's microbatches (gradient accumulation when there are several).
 
@@ -37,14 +64,16 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     ``loss`` is that cross-entropy alone (as torchtitan logs it); a family's extra loss term (the MoE auxiliary
     loss) is reported apart as ``aux_loss``, and the objective is their sum.
     """
-    seed_everything(state.seed, "step", state.step, *state.rank.rng_coords)
-    rank = state.rank
+    setup = state.setup
+    executor, rank = setup.executor, setup.rank
+    seed_everything(setup.seed, "step", state.step, *rank.rng_coords)
     if rank.shard_sequence is not None:  # context parallel: this rank's tokens of every sequence
         microbatches = [rank.shard_sequence(mb) for mb in microbatches]
     local_tokens = sum((mb["labels"] != IGNORE_INDEX).sum() for mb in microbatches)
     global_tokens = rank.reduce_over_dp(local_tokens)
-    # Data-parallel gradient reduction averages over the dp (and cp) ranks; scaling by their number turns that
-    # average into the sum that a division by the global token count needs.
+    # The executor scales the summed loss by `grad_scale` before backward. Data-parallel gradient reduction
+    # averages over the dp (and cp) ranks; scaling by their number turns that average into the sum that a division
+    # by the global token count needs.
     grad_scale = rank.dp_size * rank.cp_size / global_tokens
     # A family's extra loss term counts once per step: the mean over the microbatches. Each rank computes its
     # share of a microbatch's term (models/moe.py); the shares' gradients are averaged like the loss's, so the
@@ -53,17 +82,17 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     loss_sum = torch.zeros((), device=global_tokens.device)
     extra_sum = torch.zeros((), device=global_tokens.device)
     for mb in microbatches:
-        mb_loss, mb_extra = state.executor.forward_backward(state.model_parts, mb, grad_scale, extra_loss_weight)
+        mb_loss, mb_extra = executor.forward_backward(state.model_parts, mb, grad_scale, extra_loss_weight)
         loss_sum += mb_loss
         extra_sum += mb_extra
-    grad_norm = state.executor.clip_grad_norm(state.parameters, state.max_norm)
+    grad_norm = executor.clip_grad_norm(state.parameters, setup.max_norm)
     totals = rank.reduce_over_dp(torch.stack([loss_sum, extra_sum]))
     loss = totals[0] / global_tokens
-    extra_metrics = {"aux_loss": totals[1] / len(microbatches)} if state.executor.has_extra_loss else {}
+    extra_metrics = {"aux_loss": totals[1] / len(microbatches)} if executor.has_extra_loss else {}
     # Only under training.skip_nonfinite_steps does the step read the device (see nonfinite.py).
-    if state.skip_nonfinite_steps == 0 or finite_on_every_rank(loss, grad_norm):
+    if setup.skip_nonfinite_steps == 0 or finite_on_every_rank(loss, grad_norm):
         state.optimizer.step()
-        state.executor.after_optimizer_step(state.model_parts)
+        executor.after_optimizer_step(state.model_parts)
     else:
         skip_update(state, loss, grad_norm)
     state.optimizer.zero_grad(set_to_none=True)
@@ -73,17 +102,18 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     state.tokens_seen += sum(mb["input_ids"].numel() for mb in microbatches) * rank.dp_size * rank.cp_size
     return {
         "loss": loss, **extra_metrics, "grad_norm": grad_norm, "lr": lr,
-        **state.executor.step_metrics(state.model_parts),
+        **executor.step_metrics(state.model_parts),
     }
 
 
 def skip_update(state: TrainState, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
     """Leave the weights and optimizer state of a non-finite step as they were, or stop once the budget is spent."""
     step, values = state.step + 1, (float(loss), float(local_value(grad_norm)))
-    if state.skipped_steps >= state.skip_nonfinite_steps:
+    budget = state.setup.skip_nonfinite_steps
+    if state.skipped_steps >= budget:
         raise Diverged(diverged_message(step, *values))
     state.skipped_steps += 1
     logger.warning(
         "step %d: loss %.4g, grad_norm %.4g not finite; update skipped (%d of training.skip_nonfinite_steps = %d)",
-        step, *values, state.skipped_steps, state.skip_nonfinite_steps,
+        step, *values, state.skipped_steps, budget,
     )

@@ -147,9 +147,11 @@ class DeepSeekV3Args:
         """Features per query and key head: the position-free ones, then the rotated ones."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
+    # DecoderArgs (models/decoder.py): the sizes the inner attention and the dense matmuls see, from MLA's fields.
     @property
     def head_dim(self) -> int:
-        """The query/key head size, as shared code (memory estimates) reads it; values are padded to it."""
+        """Features per query and key head that the inner attention receives: ``qk_head_dim`` (model.py pads the
+        values to it)."""
         return self.qk_head_dim
 
     @property

@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import CausalSDPA
+from ..layers import BASE_INIT_STD, RMSNorm, trunc_normal_init_
 from ..rope import apply_rotary_emb, sequence_positions
-from ..transformer import BASE_INIT_STD, RMSNorm, Transformer, TransformerBlock, _trunc_normal_
+from ..transformer import Transformer, TransformerBlock
 from .args import DeepSeekV3Args
 from .yarn import precompute_yarn_rope_cache, softmax_scale_factor
-
 
 
 class SharedRopeKey(nn.Identity):
@@ -110,10 +110,10 @@ class MultiHeadLatentAttention(nn.Module):
     def init_weights(self, out_std: float) -> None:
         projections = (self.wq_a, self.wq_b) if self.low_rank_query else (self.wq,)
         for linear in (*projections, self.wkv_a, self.wkv_b):
-            _trunc_normal_(linear.weight, BASE_INIT_STD)
+            trunc_normal_init_(linear.weight, BASE_INIT_STD)
         for norm in (self.q_norm, self.kv_norm) if self.low_rank_query else (self.kv_norm,):
             norm.reset_parameters()
-        _trunc_normal_(self.wo.weight, out_std)
+        trunc_normal_init_(self.wo.weight, out_std)
 
 
 class DeepSeekV3Transformer(Transformer):

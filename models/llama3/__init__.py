@@ -3,8 +3,9 @@ FLOP count, HF adapter, and the names newer torchtitan checkpoints give its weig
 
 from ..family import ModelFamily
 from ..flops import matmul_params, num_flops_per_token
+from ..layers import FeedForward, RMSNorm
 from ..rope import RopeScaling, apply_rotary_emb, precompute_rope_cache, rope_frequencies
-from ..transformer import Attention, FeedForward, RMSNorm, Transformer, TransformerBlock
+from ..transformer import Attention, Transformer, TransformerBlock
 from .args import LLAMA3_FLAVORS, Llama3Args
 from .hf_adapter import Llama3HFAdapter
 from .torchtitan_names import torchtitan_spellings

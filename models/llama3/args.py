@@ -50,6 +50,11 @@ class Llama3Args:
         return self.dim // self.n_heads
 
     @property
+    def moe(self) -> None:
+        """Llama 3 is dense: no block has a mixture of experts (models/decoder.py, ``DecoderArgs``)."""
+        return None
+
+    @property
     def ffn_hidden_dim(self) -> int:
         """Hidden width of the SwiGLU feed-forward, by Meta's published rule."""
         hidden = int(2 * (4 * self.dim) / 3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -15,12 +16,12 @@ from dtrain.data import build_dataloader, build_tokenizer
 from dtrain.models.llama3 import Llama3Args, RopeScaling
 from dtrain.models.qwen3 import QWEN3_FLAVORS
 from dtrain.parallelize import get_family
-from dtrain.step.executor import LocalExecutor
+from dtrain.step.executor import LocalExecutor, StepExecutor
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
 from dtrain.step.rng import seed_everything
-from dtrain.step.state import RankCoordinates, TrainState
-from dtrain.step.train_step import cross_entropy_sum, train_step
+from dtrain.step.state import RankCoordinates, StepSetup, TrainState
+from dtrain.step.train_step import StepLoss, train_step
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,10 +62,10 @@ def make_cfg(run_dir: Path, steps: int = 6, family: str = "llama3", **checkpoint
 
 
 def tiny_state(cfg: JobConfig, model: torch.nn.Module | None = None, dp_rank: int = 0, dp_size: int = 1,
-               rank: RankCoordinates | None = None, **layout) -> TrainState:
+               rank: RankCoordinates | None = None, executor: StepExecutor | None = None) -> TrainState:
     """The TrainState the trainer would build for cfg.model.name's tiny model (a given, e.g. sharded, model replaces
-    the default) as data-parallel rank `dp_rank` of `dp_size`, or at `rank` in a layout; `layout` sets other
-    TrainState fields, e.g. the executor."""
+    the default) as data-parallel rank `dp_rank` of `dp_size`, or at `rank` in a layout with its `executor`
+    (default: the whole model, plain loss)."""
     rank = rank or RankCoordinates(dp_rank=dp_rank, dp_size=dp_size)
     if model is None:
         seed_everything(cfg.debug.seed, "init")
@@ -77,15 +78,20 @@ def tiny_state(cfg: JobConfig, model: torch.nn.Module | None = None, dp_rank: in
         dataloader=build_dataloader(
             cfg.training, build_tokenizer(cfg.model), rank.dp_rank, rank.dp_size, seed=cfg.debug.seed
         ),
-        seed=cfg.debug.seed,
-        max_norm=cfg.training.max_norm,
-        rank=rank,
-        **{"executor": LocalExecutor(cross_entropy_sum), **layout},
+        setup=StepSetup(
+            executor or LocalExecutor(StepLoss()), seed=cfg.debug.seed, max_norm=cfg.training.max_norm, rank=rank
+        ),
     )
 
 
-def manager_for(cfg: JobConfig, state: TrainState, rank: int = 0, world_size: int = 1) -> CheckpointManager:
-    return CheckpointManager(cfg, cfg.job.dump_folder, rank, world_size, state, model_args=FAMILY_ARGS[cfg.model.name])
+def manager_for(cfg: JobConfig, state: TrainState, rank: int = 0, world_size: int = 1,
+                model_args: Any = None) -> CheckpointManager:
+    """The trainer's CheckpointManager for `cfg` (model_args: those of cfg.model.name's tiny model unless given)."""
+    return CheckpointManager(
+        cfg.checkpoint, cfg.job.dump_folder, rank, world_size, state, training=cfg.training,
+        parallelism=cfg.parallelism, model=cfg.model, optimizer=cfg.optimizer,
+        model_args=model_args or FAMILY_ARGS[cfg.model.name],
+    )
 
 
 def train(state: TrainState, manager: CheckpointManager | None, until: int, cfg: JobConfig) -> list[float]:

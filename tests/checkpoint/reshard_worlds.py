@@ -13,29 +13,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from checkpoint_helpers import (
-    FAMILY_ARGS,
-    make_cfg,
-    manager_for,
-    tiny_model,
-    tiny_state,
-    train,
-)
+from checkpoint_helpers import FAMILY_ARGS, make_cfg, manager_for, tiny_model, tiny_state, train
 from torch.distributed.tensor import DTensor
 
 from dtrain.checkpoint.dcp_io import model_state_dict
 from dtrain.checkpoint.hf_io import iter_hf_weights, load_hf_weights
-from dtrain.parallelize import (
-    ParallelDims,
-    ParallelizeOptions,
-    build_mesh,
-    get_family,
-    init_weights_like_single_device,
-)
+from dtrain.parallelize import ParallelDims, ParallelizeOptions, build_mesh, get_family, init_weights_like_single_device
 from dtrain.parallelize.pipeline_split import StageModule
-from dtrain.run.layout import ParallelLayout, RankCoordinates
-from dtrain.step.executor import build_step_executor
-from dtrain.step.train_step import cross_entropy_sum
+from dtrain.run.build_state import build_step_executor
+from dtrain.run.layout import ParallelLayout, rank_coordinates
+from dtrain.step.train_step import StepLoss
 
 STEPS, SAVED_STEP = 6, 4
 FAMILIES = tuple(FAMILY_ARGS)
@@ -53,12 +40,13 @@ def layout_state(cfg, degrees: dict, world_size: int, global_batch: int, model_a
     family.parallelize(model, mesh, dims, ParallelizeOptions())
     model.to_empty(device="cpu")
     init_weights_like_single_device(model, reference, cfg.debug.seed)
-    layout = ParallelLayout(dims, ParallelizeOptions(), mesh, rank=RankCoordinates.on(mesh))
+    layout = ParallelLayout(dims, ParallelizeOptions(), mesh, rank=rank_coordinates(mesh))
     cfg.training.local_batch_size = global_batch // layout.rank.dp_size
     cfg.parallelism.data_parallel_shard_degree = dims.dp_shard
     cfg.parallelism.tensor_parallel_degree = dims.tp
     cfg.parallelism.expert_parallel_degree = dims.ep
-    executor = build_step_executor(family, layout, [StageModule(0, model)], cross_entropy_sum, torch.device("cpu"))
+    loss = StepLoss.build(dims)
+    executor = build_step_executor(family, layout, [StageModule(0, model)], loss, torch.device("cpu"))
     return tiny_state(cfg, model=model, rank=layout.rank, executor=executor)
 
 

@@ -81,15 +81,52 @@ def test_a_changed_weight_byte_is_refused_naming_file_and_tensor_and_can_be_fall
     assert startup.step == 2 and state.step == 2 and "falling back" in caplog.text
 
 
-def test_without_its_checksums_the_same_damage_would_load_silently(saved):
-    """The check above is what catches it: the same flipped bit loads when the record has no checksums."""
+def edit_record(path: Path, edit) -> None:
+    record = json.loads((path / COMMIT_FILE).read_text())
+    edit(record)
+    (path / COMMIT_FILE).write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda r: r.pop("checksums"), "has no 'checksums'"),
+    (lambda r: r.update(checksums={}), "has no 'checksums'"),
+    (lambda r: r.pop("checksum_algorithm"), "has 'checksum_algorithm' '', dtrain writes 'xxh3_64'"),
+    (lambda r: r.update(checksums=["x"]), "has 'checksums' of type list"),
+    (lambda r: r["checksums"].update({".metadata": "0"}), "has 'checksums' entry '.metadata' that is not"),
+    (lambda r: r["checksums"].update({".metadata": {"0": "xyz"}}), "has 'checksums' entry '.metadata' '0': 'xyz'"),
+    (lambda r: r["checksums"].pop(".metadata"), "has 'checksums' without '.metadata'"),
+])
+def test_a_commit_record_without_well_formed_checksums_is_refused_naming_file_and_key(saved, edit, problem):
+    """Deleting or spoiling the checksums of a record must not switch the check off (issue 29, item 9)."""
     path = folder(saved, 4)
     flip_weight(path)
-    record = json.loads((path / COMMIT_FILE).read_text())
-    record["checksums"] = {}
-    (path / COMMIT_FILE).write_text(json.dumps(record))
-    startup, state = restore(saved)
-    assert startup.step == 4
+    edit_record(path, edit)
+    with pytest.raises(DamagedCheckpoint) as err:
+        read_record(path)
+    assert str(err.value).startswith(f"{path / COMMIT_FILE} {problem}") and "\n" not in str(err.value)
+    with pytest.raises(DtrainError) as err:
+        restore(saved)
+    assert f"{path / COMMIT_FILE} {problem}" in str(err.value) and "always verified" in str(err.value)
+
+
+def test_an_item_whose_checksum_entry_was_deleted_is_refused_as_it_is_read(saved):
+    path = folder(saved, 4)
+    file = flip_weight(path)
+    edit_record(path, lambda r: r["checksums"].pop(file.name))
+    with pytest.raises(ChecksumMismatch, match="have no checksum in the commit record"):
+        dcp_io.read_whole_state(path)
+
+
+def test_a_checkpoint_from_elsewhere_loads_unverified_with_one_warning_line(saved, tmp_path, caplog):
+    """No commit record: another tool's checkpoint (here dtrain's with its record removed) loads, and says so."""
+    path = folder(saved, 4)
+    (path / COMMIT_FILE).unlink()
+    cfg = make_cfg(tmp_path / "new", steps=10, initial_load_path=str(path), initial_load_model_only=True)
+    with caplog.at_level(logging.WARNING, logger="dtrain"):
+        startup, _ = restore(cfg)
+    warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+    assert startup.rule == "initial_load"
+    assert warnings == [f"checkpoint: {path} has no {COMMIT_FILE}: a checkpoint from elsewhere, read without checksums"]
 
 
 def test_changed_metadata_bytes_mark_the_checkpoint_damaged(saved):

@@ -4,14 +4,7 @@ there; after the first run dies by kill -9, the next launch takes its lock over 
 from __future__ import annotations
 
 import pytest
-from e2e_checkpoint_helpers import (
-    CHECKPOINTED,
-    kill_hard,
-    logged_steps,
-    run_train,
-    start_train,
-    wait_for,
-)
+from e2e_checkpoint_helpers import CHECKPOINTED, kill_hard, logged_steps, run_train, start_train, wait_for
 
 from dtrain.reliability.run_lock import LOCK_FILE
 

@@ -68,10 +68,11 @@ def test_disabled_checkpointing_saves_nothing(run_dir):
 def test_config_checks_name_the_key(tmp_path, settings, world_size, message):
     cfg = make_cfg(tmp_path, **settings)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        check_checkpoint_config(cfg, world_size)
+        check_checkpoint_config(cfg.checkpoint, cfg.optimizer.name, world_size)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="pinned staging is allowed where CUDA exists")
 def test_pinned_memory_async_needs_cuda(tmp_path):
     with pytest.raises(ConfigError, match="async_with_pinned_mem needs CUDA.*use async_mode = async"):
-        check_checkpoint_config(make_cfg(tmp_path, async_mode="async_with_pinned_mem"), 1)
+        cfg = make_cfg(tmp_path, async_mode="async_with_pinned_mem")
+        check_checkpoint_config(cfg.checkpoint, cfg.optimizer.name, 1)

@@ -8,14 +8,7 @@ import json
 
 import pytest
 import torch
-from checkpoint_helpers import (
-    FAMILY_ARGS,
-    make_cfg,
-    manager_for,
-    tiny_model,
-    tiny_state,
-    train,
-)
+from checkpoint_helpers import FAMILY_ARGS, make_cfg, manager_for, tiny_model, tiny_state, train
 from safetensors import safe_open
 
 from dtrain.checkpoint import check_checkpoint_config
@@ -110,7 +103,7 @@ def test_hf_last_save_needs_model_only(tmp_path):
     cfg = make_cfg(tmp_path, last_save_in_hf=True, last_save_model_only=False)
     with pytest.raises(ConfigError, match=r"^checkpoint.last_save_in_hf saves the weights only; set "
                                           r"checkpoint.last_save_model_only = true"):
-        check_checkpoint_config(cfg, 1)
+        check_checkpoint_config(cfg.checkpoint, cfg.optimizer.name, 1)
 
 
 def test_a_last_save_hf_cannot_express_is_refused_before_the_run(tmp_path):

@@ -136,7 +136,7 @@ def test_async_saves_are_refused_for_quantized_states(run_dir):
     cfg = make_cfg(run_dir, async_mode="async")
     cfg.optimizer.name = "AdamW4bit"
     with pytest.raises(ConfigError, match="async_mode = async cannot stage .* optimizer.name = AdamW4bit"):
-        check_checkpoint_config(cfg, 1)
+        check_checkpoint_config(cfg.checkpoint, cfg.optimizer.name, 1)
 
 
 def test_state_of_another_moment_format_is_refused_in_one_line_and_can_be_left_behind(run_dir, caplog):

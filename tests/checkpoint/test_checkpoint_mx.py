@@ -20,7 +20,7 @@ def test_mx_run_resumes_bit_identically(run_dir):
     cfg = make_cfg(run_dir)
     cfg.model.converters = ["mx"]
     cfg.quantize.linear.mx.recipe_name = "mxfp8_emulated_rceil"
-    mx = build_mx_training(cfg)
+    mx = build_mx_training(cfg.model.converters, cfg.quantize.linear.mx)
 
     def mx_state():
         seed_everything(cfg.debug.seed, "init")
@@ -46,7 +46,7 @@ def test_a_high_precision_run_resumes_an_mx_checkpoint(run_dir):
     cfg.quantize.linear.mx.recipe_name = "mxfp8_emulated_rceil"
     seed_everything(cfg.debug.seed, "init")
     model = tiny_model()
-    build_mx_training(cfg).convert(model)
+    build_mx_training(cfg.model.converters, cfg.quantize.linear.mx).convert(model)
     state = tiny_state(cfg, model)
     manager = manager_for(cfg, state)
     train(state, manager, 2, cfg)

@@ -9,11 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from checkpoint_helpers import TINY_QWEN3_ARGS, make_cfg, train
+from checkpoint_helpers import TINY_QWEN3_ARGS, make_cfg, manager_for, train
 from dist_harness import run_world
 from reshard_worlds import layout_state
-
-from dtrain.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.multiprocess
 
@@ -27,7 +25,7 @@ EP2, FSDP2 = {"dp_shard": 2, "ep": 2}, {"dp_shard": 2}
 
 def run(cfg, degrees: dict, rank: int, world_size: int) -> tuple[list[float], int]:
     state = layout_state(cfg, degrees, world_size, BATCH, MOE_ARGS)
-    manager = CheckpointManager(cfg, cfg.job.dump_folder, rank, world_size, state, model_args=MOE_ARGS)
+    manager = manager_for(cfg, state, rank, world_size, model_args=MOE_ARGS)
     start = manager.restore_at_startup().step
     losses = train(state, manager, STEPS, cfg)
     manager.close()

@@ -44,7 +44,11 @@ def test_to_hf_and_generate_rebuild_a_hf_started_run_from_its_config_toml(tmp_pa
     assert cfg.model.flavor == "" and args.vocab_size == 320  # no flavor's shape
     convert, checkpoint = load_script(), run / "checkpoint" / "step-0"
     assert convert.main(["from-hf", str(hf), str(checkpoint)]) == 0  # the weights a run of it would save
-    expected = generated(capsys, "--checkpoint", str(hf), "--hf")
+    # The run decodes with the byte tokenizer, so its generation never picks the padding rows past its 258 ids;
+    # the Hugging Face folder holds no tokenizer: it is given the same one.
+    (tmp_path / "assets").mkdir()
+    expected = generated(capsys, "--checkpoint", str(hf), "--hf", "--model.hf_assets_path", str(tmp_path / "assets"),
+                         "--model.tokenizer", "byte")
     original = hf_weights(hf, args)
     if folder == "gone":
         for file in hf.iterdir():

@@ -74,4 +74,5 @@ def test_load_only_from_an_initial_load_path_writes_no_checkpoint_folder(run_dir
 def test_load_only_refuses_to_create_a_seed_checkpoint(tmp_path):
     with pytest.raises(ConfigError, match="checkpoint.create_seed_checkpoint saves a checkpoint, "
                                           "checkpoint.load_only never does"):
-        check_checkpoint_config(make_cfg(tmp_path, load_only=True, create_seed_checkpoint=True), 1)
+        cfg = make_cfg(tmp_path, load_only=True, create_seed_checkpoint=True)
+        check_checkpoint_config(cfg.checkpoint, cfg.optimizer.name, 1)

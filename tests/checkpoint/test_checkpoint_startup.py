@@ -5,14 +5,16 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 from checkpoint_helpers import FAMILY_ARGS, make_cfg, manager_for, tiny_state, train
 from torch.distributed.checkpoint import FileSystemWriter
 
-from dtrain.checkpoint import CheckpointManager, dcp_io
+from dtrain.checkpoint import dcp_io
 from dtrain.errors import DtrainError
 from dtrain.models.llama3 import Transformer
 
@@ -207,7 +209,8 @@ def cfg_folder(cfg):
 
 
 @pytest.mark.parametrize("code, hint", [
-    (errno.ENOSPC, "no space left on its device: free some, lower checkpoint.keep_latest_k, or move job.dump_folder"),
+    (errno.ENOSPC, "the disk is full ({free} bytes free on its file system): free some, lower "
+                   "checkpoint.keep_latest_k, or move job.dump_folder"),
     (errno.EROFS, "its file system is read-only: move job.dump_folder"),
 ])
 def test_a_full_or_read_only_disk_is_one_line_naming_the_folder_and_the_leftover_goes(tmp_path, monkeypatch,
@@ -220,10 +223,12 @@ def test_a_full_or_read_only_disk_is_one_line_naming_the_folder_and_the_leftover
         raise OSError(code, os.strerror(code), str(self.path))
 
     monkeypatch.setattr(FileSystemWriter, "write_data", failing_write)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(total=10**9, used=0, free=4096))
     with pytest.raises(DtrainError) as err:
         manager.save(2)
-    assert one_line(err) == (
-        f"checkpoint {cfg_folder(cfg) / 'step-2.partial'}: save failed ({hint}); the folder is removed on the next start"
+    assert one_line(err).replace("4096", "{free}", 1) == (
+        f"checkpoint {cfg_folder(cfg) / 'step-2.partial'}: save failed, the checkpoint could not be written ({hint}); "
+        "the folder is removed on the next start"
     )
     monkeypatch.setattr(FileSystemWriter, "write_data", writer)
     with caplog.at_level(logging.WARNING, logger="dtrain"):
@@ -236,13 +241,12 @@ def test_tied_and_untied_checkpoints_do_not_load_into_each_other(tmp_path, saved
     source = make_cfg(tmp_path / "source", steps=4)
     args = replace(FAMILY_ARGS["llama3"], tie_word_embeddings=saved_tied)
     state = tiny_state(source, model=Transformer(args))
-    manager = CheckpointManager(source, source.job.dump_folder, 0, 1, state, model_args=args)
+    manager = manager_for(source, state, model_args=args)
     train(state, manager, 2, source)
     manager.close()
     cfg = make_cfg(tmp_path / "run", steps=4, initial_load_path=str(cfg_folder(source) / "step-2"))
     other = replace(args, tie_word_embeddings=not saved_tied)
-    loading = CheckpointManager(cfg, cfg.job.dump_folder, 0, 1, tiny_state(cfg, model=Transformer(other)),
-                                model_args=other)
+    loading = manager_for(cfg, tiny_state(cfg, model=Transformer(other)), model_args=other)
     with pytest.raises(DtrainError) as err:
         loading.restore_at_startup()
     assert one_line(err) == (

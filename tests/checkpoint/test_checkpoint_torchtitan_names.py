@@ -159,9 +159,9 @@ def test_the_writer_of_a_hugging_face_start_must_stay_auto(tmp_path):
                    initial_load_writer="torchtitan")
     with pytest.raises(ConfigError, match=r"^checkpoint\.initial_load_writer = torchtitan is for DCP checkpoints; "
                                           r"with checkpoint\.initial_load_in_hf set it to auto$"):
-        check_checkpoint_config(cfg, world_size=1)
+        check_checkpoint_config(cfg.checkpoint, cfg.optimizer.name, world_size=1)
     cfg.checkpoint.initial_load_writer = "auto"
-    check_checkpoint_config(cfg, world_size=1)
+    check_checkpoint_config(cfg.checkpoint, cfg.optimizer.name, world_size=1)
 
 
 def test_a_checkpoint_in_neither_spelling_names_the_missing_weight(tmp_path):

@@ -12,6 +12,7 @@ from dtrain.config.loader import apply_toml
 from dtrain.config.schema import QuantizeLinearMX
 from dtrain.config.toml_io import read_toml
 from dtrain.errors import ConfigError
+from dtrain.run.prepare import check_converters_on_this_torch
 
 FLOAT8_TOML = """\
 [model]
@@ -79,11 +80,6 @@ def test_errors_are_one_line_and_name_the_key(load, configs_dir: Path, toml: str
     assert message.format(path=path) in text
 
 
-@pytest.fixture
-def mx_supported(monkeypatch):
-    monkeypatch.setattr("dtrain.config.converters.MXFP8_TRAINING_SUPPORTED", True)
-
-
 def mx_config(**mx) -> JobConfig:
     cfg = JobConfig()
     cfg.model.converters = ["quantize.linear.mx"]
@@ -91,7 +87,7 @@ def mx_config(**mx) -> JobConfig:
     return cfg
 
 
-def test_mx_matmul_recipes_refused_without_blackwell_naming_this_machine(monkeypatch, mx_supported):
+def test_mx_matmul_recipes_refused_without_blackwell_naming_this_machine(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.get_device_capability", lambda *a: (9, 0))
     with pytest.raises(ConfigError, match=r"recipe_name = mxfp8_rceil needs a Blackwell-class GPU \(CUDA compute "
@@ -104,12 +100,13 @@ def test_mx_matmul_recipes_refused_without_blackwell_naming_this_machine(monkeyp
 
 
 def test_mx_needs_the_torch_torchao_supports(monkeypatch):
-    monkeypatch.setattr("dtrain.config.converters.MXFP8_TRAINING_SUPPORTED", False)
+    monkeypatch.setattr("dtrain.run.prepare.MXFP8_TRAINING_SUPPORTED", False)
     with pytest.raises(ConfigError, match=r"torchao's MXFP8 training needs torch 2\.13"):
-        validate_config(mx_config(recipe_name="mxfp8_emulated_rceil"))
+        cfg = mx_config(recipe_name="mxfp8_emulated_rceil")
+        check_converters_on_this_torch(cfg.model.converters, cfg.parallelism)
 
 
-def test_mx_refuses_tensor_parallel(mx_supported):
+def test_mx_refuses_tensor_parallel():
     cfg = mx_config(recipe_name="mxfp8_emulated_rceil")
     cfg.parallelism.tensor_parallel_degree = 2
     with pytest.raises(ConfigError, match="model.converters = mx does not compose with tensor parallel"):
@@ -127,12 +124,12 @@ def test_emulated_mx_without_fsdp_computes_in_fp32():
 
 
 def test_float8_with_a_split_backward_schedule_needs_newer_torch(monkeypatch):
-    monkeypatch.setattr("dtrain.config.converters.SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS", False)
+    monkeypatch.setattr("dtrain.run.prepare.SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS", False)
     cfg = JobConfig()
     cfg.model.converters = ["float8"]
     cfg.parallelism.pipeline_parallel_degree = 2
     cfg.parallelism.pipeline_parallel_schedule = "ZBVZeroBubble"
     with pytest.raises(ConfigError, match=r"pipeline_parallel_schedule = ZBVZeroBubble needs torch 2\.13 .*use 1F1B"):
-        validate_config(cfg)
+        check_converters_on_this_torch(cfg.model.converters, cfg.parallelism)
     cfg.parallelism.pipeline_parallel_schedule = "1F1B"
-    validate_config(cfg)
+    check_converters_on_this_torch(cfg.model.converters, cfg.parallelism)

@@ -46,3 +46,12 @@ def test_toml_error_is_reported_even_when_cli_overrides_the_key(load, configs_di
     (configs_dir / "bad.toml").write_text('[training]\nsteps = "ten"\n')
     with pytest.raises(ConfigError, match="training.steps expects an integer"):
         load(["--config", "bad", "--training.steps", "3"])
+
+
+def test_a_byte_order_mark_and_windows_line_ends_are_read(load, configs_dir: Path):
+    # What Notepad saves: UTF-8 with a BOM, CRLF line ends; tomllib alone refuses the BOM at line 1, column 1.
+    (configs_dir / "bom.toml").write_bytes("\ufeff[training]\r\nsteps = 7\r\n".encode())
+    assert load(["--config", "bom"]).training.steps == 7
+    (configs_dir / "latin1.toml").write_bytes("[job]\ndescription = \"caf\xe9\"\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="latin1.toml: not UTF-8 text$"):
+        load(["--config", "latin1"])

@@ -10,7 +10,7 @@ import pytest
 from dtrain.config.reference import config_fields
 from dtrain.data import build_source
 from dtrain.data.hf_source import C4_KINDS, C4_TEST_DOCUMENTS
-from dtrain.data.sources import C4_NAMES
+from dtrain.data.source_factory import C4_NAMES
 from dtrain.errors import DataError
 
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from dtrain.config.dataset_mixture import BLOCK, MIXABLE_KINDS, block_counts, parse_mixture
 from dtrain.data import ByteTokenizer
 from dtrain.data.dataloader import DataLoader
-from dtrain.data.mixture import BLOCK, MIXABLE_KINDS, Interleave, block_counts, parse_mixture
+from dtrain.data.mixture import Interleave
 from dtrain.data.sources import DocumentSource
 from dtrain.errors import ConfigError
 

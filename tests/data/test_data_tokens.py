@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from list_source import ListSource
@@ -138,8 +139,10 @@ def test_validation_reads_a_tokens_dataset_whole(tokens_dir):
     cfg.validation.dataset, cfg.validation.dataset_path = "tokens", str(tokens_dir)
     cfg.validation.seq_len, cfg.validation.local_batch_size, cfg.validation.steps = SEQ_LEN, 2, -1
     per_pass = len(stream()) // (SEQ_LEN + 1)
-    assert build_validator(cfg, RankCoordinates(), ByteTokenizer(), "cpu").batches == per_pass // 2
-    assert build_validator(cfg, RankCoordinates(dp_rank=1, dp_size=2), ByteTokenizer(), "cpu").batches == per_pass // 4
+    sections = (cfg.validation, cfg.training, cfg.debug.seed)
+    assert build_validator(*sections, RankCoordinates(), ByteTokenizer(), "cpu").batches == per_pass // 2
+    second_rank = RankCoordinates(dp_rank=1, dp_size=2)
+    assert build_validator(*sections, second_rank, ByteTokenizer(), "cpu").batches == per_pass // 4
 
 
 def one_line(error) -> str:
@@ -175,6 +178,21 @@ def test_damaged_or_unfinished_folders_are_refused(tokens_dir, tmp_path):
     manifest_path.write_text(json.dumps({**manifest, "version": 99}))
     with pytest.raises(DataError, match="format version 99"):
         TokenShards(str(tokens_dir), ByteTokenizer())
+
+
+def test_an_id_outside_the_vocabulary_is_refused_before_the_model_sees_it(tokens_dir):
+    # A damaged or foreign shard: one id (300) past the byte tokenizer's 258, inside shard 2.
+    shard = tokens_dir / "shard_00002.tokens"
+    ids = np.fromfile(shard, dtype="<u2")
+    ids[7] = 300
+    ids.tofile(shard)
+    data = loader(tokens_dir, shuffle_keys=None)
+    with pytest.raises(DataError) as caught:
+        for _ in range(len(stream()) // (SEQ_LEN + 1)):
+            next(data)
+    message = one_line(caught)
+    assert "shard shard_00002.tokens holds id 300 at token 7" in message
+    assert "outside the tokenizer's vocabulary of 258" in message and "training.dataset_path" in message
 
 
 def test_a_dataset_shorter_than_one_window_is_refused(tmp_path):

@@ -4,7 +4,9 @@ dtrain checkpoint generates text, and mistakes get one line."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,11 +54,17 @@ def run_generate(*args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-def test_a_trained_checkpoint_generates_text_and_samples_reproducibly(tmp_path):
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A trained run (8 steps) with one committed checkpoint, checkpoint/step-8."""
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
     trained = run_train(*TINY, "--model.args.n_layers", "2", "--checkpoint.enable", "true",
                         "--checkpoint.interval", "8", "--job.dump_folder", str(run_dir))
     assert trained.returncode == 0, trained.stderr[-2000:]
+    return run_dir
+
+
+def test_a_trained_checkpoint_generates_text_and_samples_reproducibly(run_dir):
     # The run's checkpoint folder stands for its newest checkpoint; the run's config.toml gives the model.
     greedy = run_generate("--checkpoint", str(run_dir / "checkpoint"), "--prompt", "def ", "--max_new_tokens", "12")
     assert greedy.returncode == 0, greedy.stderr[-2000:]
@@ -75,12 +83,60 @@ def test_a_trained_checkpoint_generates_text_and_samples_reproducibly(tmp_path):
     assert first == again != other and len(first) == 12
 
 
+def test_a_run_folder_names_its_newest_checkpoint_and_a_partial_one_is_refused(run_dir, tmp_path, capsys):
+    step = run_dir / "checkpoint" / "step-8"
+    args = ["--prompt_ids", "256,100,101", "--max_new_tokens", "6", "--device", "cpu"]
+    generated = []
+    for named in (step, run_dir / "checkpoint", run_dir):
+        code = generate_main(["--checkpoint", str(named), *args])
+        out = capsys.readouterr()
+        assert code == 0, out.err
+        generated.append(ids_line(out.out))
+    assert generated[0] == generated[1] == generated[2]
+    # The model's vocabulary is the byte tokenizer's 258 rounded up to a multiple of 64: its padding rows are never
+    # chosen, even by near-uniform sampling (which would pick one of them about every fifth token).
+    assert generate_main(["--checkpoint", str(run_dir), "--prompt_ids", "256", "--max_new_tokens", "48",
+                          "--temperature", "1000", "--ignore_eos", "--device", "cpu"]) == 0
+    hot = ids_line(capsys.readouterr().out)
+    assert len(hot) == 48 and max(hot) < 258
+    # A save that never committed (in a copy of the run): refused even when every file and a record are there.
+    checkpoints = shutil.copytree(run_dir, tmp_path / "run") / "checkpoint"
+    partial = checkpoints / "step-16.partial"
+    shutil.copytree(step, partial)
+    assert generate_main(["--checkpoint", str(partial), *args]) != 0
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --checkpoint {partial} is uncommitted (a save that never finished) and is never loaded; "
+        f"the latest committed one is {checkpoints / 'step-8'}"
+    ]
+    shutil.rmtree(checkpoints / "step-8")
+    for named, message in [(partial, "uncommitted (a save that never finished) and is never loaded; none beside"),
+                           (checkpoints, "with committed ones (only uncommitted step-16.partial)")]:
+        assert generate_main(["--checkpoint", str(named), *args]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+
+
+def test_a_checkpoint_from_elsewhere_loads_unverified_with_one_warning(run_dir, tmp_path, capsys):
+    # A DCP folder without dtrain's commit record (torchtitan's, a bare DCP save): its files carry no checksums.
+    foreign = shutil.copytree(run_dir / "checkpoint" / "step-8", tmp_path / "foreign")
+    (foreign / "dtrain_commit.json").unlink()
+    args = ["--config", str(run_dir / "config.toml"), "--prompt_ids", "256,100", "--max_new_tokens", "4"]
+    assert generate_main(["--checkpoint", str(foreign), *args, "--device", "cpu"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        f"warning: {foreign} has no dtrain_commit.json: a checkpoint from elsewhere, read without checksums"
+    ]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--prompt", "hi"], "--prompt needs a tokenizer and"),
     (["--prompt_ids", "1,x"], "--prompt_ids '1,x' is not a comma-separated list of integers"),
     (["--prompt_ids", "1,500"], "--prompt_ids has 500, outside this model's vocabulary 0..127"),
     (["--prompt_ids", "1", "--max_new_tokens", "5000"], "exceed the model's max_seq_len"),
     (["--prompt_ids", "1", "--top_p", "2"], r"--top_p must be in (0, 1]"),
+    (["--prompt_ids", "1", "--top_p", "nan"], r"--top_p must be in (0, 1]"),
+    (["--prompt_ids", "1", "--temperature", "nan"], "--temperature must be 0 (greedy) or a finite number >= 1.18e-38"),
+    (["--prompt_ids", "1", "--temperature", "1e-40"], "--temperature must be 0 (greedy) or a finite number >="),
     (["--prompt_ids", "1", "--model.args.dim", "32"], "model.args.dim=32 contradicts"),
 ])
 def test_mistakes_get_one_line(tmp_path, capsys, args, message):

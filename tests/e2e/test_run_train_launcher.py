@@ -1,9 +1,11 @@
 """Several processes end like one: run_train.sh's last line is the first failing rank's one-line error (torchrun's
-failure report goes to a file in the run folder), and a preemption signal ends the launch with exit 0."""
+failure report goes to a file in the run folder), or names the rank a signal killed; a preemption signal ends the
+launch with exit 0, and kill -9 of the launcher or of torchrun takes every process of the run down."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -11,7 +13,7 @@ import time
 import pytest
 from run_train_helpers import TINY, children, run_train, start_two_process_run
 
-from dtrain.reliability.launcher import filter_output, outcomes, summary
+from dtrain.reliability.launcher import filter_output, killed_ranks, outcomes, summary
 
 DIVERGING = [*TINY, "--optimizer.lr", "1e4", "--lr_scheduler.warmup_steps", "0", "--model.args.n_layers", "1"]
 
@@ -63,6 +65,42 @@ def test_the_summary_names_the_first_failure_or_torchruns_last_line(tmp_path):
     assert summary(errors, report, None, 3, "SIGTERM").startswith("error: torchrun failed")  # a worker is missing
 
 
+# torchrun's failure report (ChildFailedError) for a kill -9 of rank 1 that rank 0 then failed on.
+REPORT = """Failures:
+[1]:
+  time      : 2026-11-25_22:00:01
+  host      : node
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 11)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+[2]:
+  rank      : 2 (local_rank: 2)
+  exitcode  : -6 (pid: 13) (SIGABRT)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_22:00:01
+  host      : node
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 12) (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 12
+"""
+
+
+def test_a_rank_killed_by_a_signal_comes_before_the_errors_of_the_survivors(tmp_path):
+    errors, report = tmp_path / "errors", tmp_path / "torchrun.log"
+    errors.mkdir()
+    report.write_text(REPORT)
+    (errors / "rank0").write_text("10.0\nfailed\nRuntimeError: Connection reset by peer\n")
+    assert killed_ranks(report) == [("1", "SIGKILL")]  # SIGABRT: NCCL's watchdog ends survivors with it
+    line = summary(errors, report, None, 2, None)
+    assert line == f"error: rank 1 was killed by SIGKILL (torchrun's report: {report})"
+    (errors / "rank1").write_text("9.0\nfailed\nerror: its own line\n")  # it did report: its line counts
+    assert summary(errors, report, None, 2, None).startswith("error: its own line (rank 1 failed first")
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -87,3 +125,46 @@ def test_workers_exit_when_torchrun_is_killed(tmp_path):
         time.sleep(0.1)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode != 0 and "torchrun failed" in stderr.strip().splitlines()[-1]
+
+
+def worker_rank(pid: int) -> str:
+    with open(f"/proc/{pid}/environ", "rb") as environ:
+        variables = dict(v.split(b"=", 1) for v in environ.read().split(b"\0") if b"=" in v)
+    return variables[b"RANK"].decode()
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_launcher_takes_the_whole_run_down(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_two_process_run(run_dir, checkpoint_interval=1000)
+    launcher = process.pid  # run_train.sh execs the launcher: the script's own PID, as a user sees it
+    (torchrun,) = children(launcher)
+    workers = children(torchrun)
+    assert len(workers) == 2
+    with open(f"/proc/{launcher}/cmdline") as cmdline:
+        launch_dir = cmdline.read().split("\0")[3]  # python -m dtrain.reliability.launcher LAUNCH_DIR ...
+    process.kill()
+    process.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in [torchrun, *workers]):
+            assert time.monotonic() < deadline, "torchrun or a worker outlived the launcher"
+            time.sleep(0.1)
+    finally:
+        for pid in [torchrun, *workers]:  # leave nothing behind, even when the test fails
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(launch_dir, ignore_errors=True)  # the killed launcher could not remove it
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_a_signal_is_named_not_the_survivor_it_broke(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_two_process_run(run_dir, checkpoint_interval=1000)
+    (torchrun,) = children(process.pid)
+    (rank1,) = [pid for pid in children(torchrun) if worker_rank(pid) == "1"]
+    os.kill(rank1, signal.SIGKILL)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode != 0
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: rank 1 was killed by SIGKILL (torchrun's report: {run_dir}/torchrun-"), last

@@ -134,4 +134,4 @@ def test_the_model_is_named_by_flavor_or_by_where_its_shape_comes_from(flavor, c
     cfg.model.flavor = flavor
     for key, value in checkpoint.items():
         setattr(cfg.checkpoint, key, value)
-    assert model_description(cfg) == expected
+    assert model_description(cfg.model, cfg.checkpoint) == expected

@@ -22,11 +22,7 @@ from dtrain.models.deepseek_v3 import (
     active_params,
     num_flops_per_token,
 )
-from dtrain.models.deepseek_v3.yarn import (
-    precompute_yarn_rope_cache,
-    softmax_scale_factor,
-    table_scale,
-)
+from dtrain.models.deepseek_v3.yarn import precompute_yarn_rope_cache, softmax_scale_factor, table_scale
 
 # v_head_dim (12) differs from the query/key head size (16 + 8), YaRN is on with different mscales (so both of its
 # factors differ from 1) and an original length shorter than the tests' sequences, and the MoE routes like

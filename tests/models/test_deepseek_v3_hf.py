@@ -16,12 +16,7 @@ from dtrain.checkpoint.dcp_io import model_state_dict
 from dtrain.checkpoint.hf_io import load_hf_weights, save_hf
 from dtrain.config import load_config, to_toml
 from dtrain.models.decoding import generate
-from dtrain.models.deepseek_v3 import (
-    DEEPSEEK_V3_FLAVORS,
-    DeepSeekV3Args,
-    DeepSeekV3HFAdapter,
-    DeepSeekV3Transformer,
-)
+from dtrain.models.deepseek_v3 import DEEPSEEK_V3_FLAVORS, DeepSeekV3Args, DeepSeekV3HFAdapter, DeepSeekV3Transformer
 
 # test_deepseek_v3.py's shape: v_head_dim differs from the qk head size, YaRN with both of its factors != 1 and an
 # original length shorter than the sequences, DeepSeek-V3's routing (sigmoid, bias, 4 groups of which 2).

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dtrain.models.attention import CausalSDPA
-from dtrain.models.decoding import Sampling, _keep_top_p, generate
+from dtrain.models.decoding import MIN_TEMPERATURE, Sampling, _keep_top_p, generate
 from dtrain.models.kv_cache import CachedAttention, kv_cache
 from dtrain.models.llama3 import Transformer
 from dtrain.models.qwen3 import Qwen3Args, Qwen3Transformer
@@ -100,13 +100,37 @@ def test_top_k_and_top_p_keep_the_right_tokens():
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(temperature=-1.0), "temperature must be >= 0"),
+    (dict(temperature=-1.0), "temperature must be 0 \\(greedy\\) or a finite number >= 1.18e-38"),
+    (dict(temperature=float("nan")), "temperature must be 0 .greedy. or a finite number"),
+    (dict(temperature=float("inf")), "temperature must be 0 .greedy. or a finite number"),
+    (dict(temperature=1e-40), "temperature must be 0 .greedy. or a finite number >= 1.18e-38"),
     (dict(top_k=-2), "top_k must be >= 0"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(top_p=float("nan")), r"top_p must be in \(0, 1\]"),
 ])
 def test_sampling_settings_are_checked(bad, message):
     with pytest.raises(ValueError, match=message):
         Sampling(**bad)
+
+
+def test_the_smallest_temperature_samples_finitely_and_is_greedy(model):
+    # Logits of ~30 divided by ~1e-38 would overflow float32 to inf and softmax to NaN without the max subtracted.
+    prompt = torch.randint(0, 128, (2, 5))
+    for cold in (MIN_TEMPERATURE, 1e-30):
+        sampled = generate(model, prompt, 8, Sampling(temperature=cold), generator=torch.Generator().manual_seed(0))
+        assert torch.equal(sampled, generate(model, prompt, 8))
+
+
+def test_ids_past_the_tokenizers_vocabulary_are_never_chosen(model):
+    # The embedding's padding rows (a vocabulary rounded up past the tokenizer's) decode to nothing.
+    prompt = torch.randint(0, 128, (2, 5))
+    greedy = generate(model, prompt, 12)
+    limit = int(greedy.max())  # greedy decoding picks at least one id at or past it
+    assert int(generate(model, prompt, 12, vocab_size=limit).max()) < limit
+    for seed in range(4):
+        sampled = generate(model, prompt, 12, Sampling(temperature=50.0), generator=torch.Generator().manual_seed(seed),
+                           vocab_size=limit)
+        assert int(sampled.max()) < limit
 
 
 @pytest.mark.cuda

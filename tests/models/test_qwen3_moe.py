@@ -18,13 +18,7 @@ from dtrain.models import count_params
 from dtrain.models.decoding import generate
 from dtrain.models.flops import matmul_params
 from dtrain.models.moe import MoE
-from dtrain.models.qwen3 import (
-    QWEN3,
-    QWEN3_FLAVORS,
-    Qwen3Args,
-    Qwen3HFAdapter,
-    Qwen3Transformer,
-)
+from dtrain.models.qwen3 import QWEN3, QWEN3_FLAVORS, Qwen3Args, Qwen3HFAdapter, Qwen3Transformer
 from dtrain.run.prepare import prepare
 
 # 8 experts of width 32, 2 per token, with head_dim independent of dim; hidden_dim is HF's unused

@@ -10,12 +10,7 @@ import xxhash
 from torch.compiler._cache import CacheInfo
 
 from dtrain.config import JobConfig
-from dtrain.observe.compile_cache import (
-    PortableCompileCache,
-    cache_key,
-    cache_root,
-    graph_settings,
-)
+from dtrain.observe.compile_cache import PortableCompileCache, cache_key, cache_root, graph_settings
 from tests.e2e.run_train_helpers import FP32, run_train
 
 
@@ -43,11 +38,11 @@ def test_the_key_changes_with_the_graphs_and_not_with_the_schedule_or_the_data()
 def test_the_cache_lives_in_the_run_folder_unless_compile_cache_dir_says_otherwise(tmp_path):
     cfg = JobConfig()
     cfg.job.dump_folder = str(tmp_path / "run")
-    assert cache_root(cfg) == tmp_path / "run" / "compile_cache"
+    assert cache_root(cfg.compile, cfg.job.dump_folder) == tmp_path / "run" / "compile_cache"
     cfg.compile.cache_dir = str(tmp_path / "shared")
-    assert cache_root(cfg) == tmp_path / "shared"
+    assert cache_root(cfg.compile, cfg.job.dump_folder) == tmp_path / "shared"
     cfg.compile.cache_dir = "mine"
-    assert cache_root(cfg) == tmp_path / "run" / "mine"
+    assert cache_root(cfg.compile, cfg.job.dump_folder) == tmp_path / "run" / "mine"
 
 
 def _artifacts(n: int, first: int = 0):
@@ -60,7 +55,7 @@ def _artifacts(n: int, first: int = 0):
 def cache(tmp_path, monkeypatch):
     cfg = JobConfig()
     cfg.job.dump_folder = str(tmp_path)
-    return PortableCompileCache.for_run(cfg, rank=1, world_size=2)
+    return PortableCompileCache.for_run(graph_settings(cfg, 2), cfg.compile, cfg.job.dump_folder, rank=1)
 
 
 def test_save_writes_the_artifacts_with_their_record_and_only_when_there_is_something_new(cache, monkeypatch):

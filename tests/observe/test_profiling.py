@@ -10,12 +10,7 @@ import torch
 from dtrain.config.schema import Profiling
 from dtrain.errors import ConfigError
 from dtrain.observe.profiler_table import OperatorRow, OperatorTable, format_table
-from dtrain.observe.profiling import (
-    NoOpStepper,
-    check_profiling_config,
-    maybe_memory_snapshot,
-    maybe_profile,
-)
+from dtrain.observe.profiling import NoOpStepper, check_profiling_config, maybe_memory_snapshot, maybe_profile
 from tests.e2e.run_train_helpers import run_train
 
 CPU = torch.device("cpu")

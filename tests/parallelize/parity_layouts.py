@@ -40,13 +40,13 @@ from dtrain.parallelize.pipeline_plan import PipelinePlan
 from dtrain.parallelize.pipeline_split import StageModule
 from dtrain.precision.float8 import Float8Training, build_float8_training
 from dtrain.precision.mx import MXTraining, build_mx_training
-from dtrain.run.layout import ParallelLayout, RankCoordinates
+from dtrain.run.build_state import build_step_executor
+from dtrain.run.layout import ParallelLayout, rank_coordinates
 from dtrain.run.world import dp_rank_and_size
-from dtrain.step.executor import build_step_executor
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
-from dtrain.step.state import TrainState
-from dtrain.step.train_step import IGNORE_INDEX, cross_entropy_sum, train_step
+from dtrain.step.state import StepSetup, TrainState
+from dtrain.step.train_step import IGNORE_INDEX, StepLoss, train_step
 
 ARGS = Llama3Args(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=32, ffn_dim_multiplier=None, max_seq_len=16
@@ -220,18 +220,31 @@ def converter_config(converter: str, **keys) -> JobConfig:
     return cfg
 
 
+def float8_of(cfg: JobConfig, fsdp_enabled: bool) -> Float8Training | None:
+    """The trainer's float8 setup for `cfg`'s sections, on the CPU."""
+    return build_float8_training(
+        cfg.model.converters, cfg.quantize.linear.float8, cfg.parallelism.tensor_parallel_degree, fsdp_enabled,
+        torch.device("cpu"),
+    )
+
+
+def mx_of(cfg: JobConfig) -> MXTraining | None:
+    """The trainer's MX setup for `cfg`'s sections."""
+    return build_mx_training(cfg.model.converters, cfg.quantize.linear.mx)
+
+
 def float8_training(float8: dict | None, dims: ParallelDims) -> Float8Training | None:
     """The trainer's float8 setup for a layout's [quantize.linear.float8] keys (None: no float8)."""
     if float8 is None:
         return None
-    return build_float8_training(converter_config("float8", **float8), dims.fsdp_enabled, torch.device("cpu"))
+    return float8_of(converter_config("float8", **float8), dims.fsdp_enabled)
 
 
 def low_precision(
     float8: dict | None, mx: dict | None, dims: ParallelDims
 ) -> Float8Training | MXTraining | None:
     """The trainer's converter for a layout's [quantize.linear.float8] or [quantize.linear.mx] keys, if any."""
-    return float8_training(float8, dims) if mx is None else build_mx_training(converter_config("mx", **mx))
+    return float8_training(float8, dims) if mx is None else mx_of(converter_config("mx", **mx))
 
 
 def new_state(
@@ -247,19 +260,16 @@ def new_state(
     (build_optimizers), warmup schedule, the rank's coordinates and dp reductions, and the trainer's step executor
     (the pipeline schedule over `stages` with a `plan`, else the whole model under the loss-parallel context)."""
     options = options or ParallelizeOptions()
-    rank = RankCoordinates.on(mesh, options.cp_load_balancer)
+    rank = rank_coordinates(mesh, options.cp_load_balancer)
     layout = ParallelLayout(dims or ParallelDims(1), options, mesh, plan, rank)
     parts = [stage.module for stage in stages]
     optimizer = build_optimizers(parts, Optimizer(lr=1e-2), torch.device("cpu"))
     scheduler = build_lr_scheduler(optimizer, STEPS, LRScheduler(warmup_steps=2))
     executor = build_step_executor(
-        family_spec(family), layout, stages, cross_entropy_sum, torch.device("cpu"),
+        family_spec(family), layout, stages, StepLoss.build(layout.dims), torch.device("cpu"),
         converter.optimizer_step_hook if converter else None,
     )
-    return TrainState(
-        parts, optimizer, scheduler, NoData(), executor, seed=SEED, max_norm=1.0,
-        rank=rank,
-    )
+    return TrainState(parts, optimizer, scheduler, NoData(), StepSetup(executor, seed=SEED, max_norm=1.0, rank=rank))
 
 
 def whole_model(model: torch.nn.Module) -> list[StageModule]:

@@ -14,6 +14,7 @@ from parity_layouts import (
     ARGS,
     build_parallel_model,
     converter_config,
+    float8_of,
     max_relative_diff,
     new_state,
     run_steps,
@@ -24,7 +25,6 @@ from torch import nn
 
 from dtrain.config import JobConfig
 from dtrain.parallelize import ParallelDims, ParallelizeOptions
-from dtrain.precision.float8 import build_float8_training
 
 pytest.importorskip("torchao.float8")
 
@@ -45,7 +45,7 @@ class Tiny(nn.Module):
 
 def test_converts_the_linears_that_fit_and_are_not_filtered(caplog):
     with caplog.at_level(logging.INFO, logger="dtrain"):
-        float8 = build_float8_training(float8_config(filter_fqns=["output", "proj"]), False, torch.device("cpu"))
+        float8 = float8_of(float8_config(filter_fqns=["output", "proj"]), False)
     model = Tiny()
     float8.convert(model)
     converted = {name for name, m in model.named_modules() if type(m).__name__ == "Float8Linear"}
@@ -56,14 +56,14 @@ def test_converts_the_linears_that_fit_and_are_not_filtered(caplog):
 
 def test_precompute_hook_only_with_fsdp_float8_all_gather(caplog):
     cfg = float8_config(enable_fsdp_float8_all_gather=True, precompute_float8_dynamic_scale_for_fsdp=True)
-    assert build_float8_training(cfg, True, torch.device("cpu")).optimizer_step_hook is not None
+    assert float8_of(cfg, True).optimizer_step_hook is not None
     assert "has no effect" not in caplog.text
     # Without FSDP there is nothing to all-gather (torchtitan's rule): both flags are moot, and the log says so.
     with caplog.at_level(logging.WARNING, logger="dtrain"):
-        single = build_float8_training(cfg, False, torch.device("cpu"))
+        single = float8_of(cfg, False)
     assert single.optimizer_step_hook is None and not single.config.enable_fsdp_float8_all_gather
     assert "enable_fsdp_float8_all_gather (and the scale precompute) has no effect" in caplog.text
-    assert build_float8_training(JobConfig(), True, torch.device("cpu")) is None
+    assert float8_of(JobConfig(), True) is None
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_float8_loss_tracks_the_fp32_loss(fp32_run, recipe):
 
 def test_compiled_float8_blocks_match_eager():
     steps = 3
-    float8 = build_float8_training(float8_config(), False, torch.device("cpu"))
+    float8 = float8_of(float8_config(), False)
     dims = ParallelDims(1)
     options = ParallelizeOptions(compile_model=True, compile_backend="aot_eager")
     torch._dynamo.reset()
@@ -106,8 +106,7 @@ class Block(nn.Module):
 
 def float8_blocks(recipe: str = "tensorwise", filter_fqns: tuple[str, ...] = ()) -> nn.Module:
     model = nn.ModuleDict({"0": Block(), "1": Block()})
-    build_float8_training(float8_config(recipe_name=recipe, filter_fqns=list(filter_fqns)), False,
-                          torch.device("cpu")).convert(model)
+    float8_of(float8_config(recipe_name=recipe, filter_fqns=list(filter_fqns)), False).convert(model)
     return model
 
 
@@ -123,11 +122,7 @@ def chosen_styles(model: nn.Module, plan: dict, float8_collectives: bool) -> dic
 
 def sequence_parallel_plan() -> dict:
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-    )
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
     return {
         "*": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),

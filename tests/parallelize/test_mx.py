@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parity_layouts import ARGS, converter_config, max_relative_diff, single_process_run
+from parity_layouts import ARGS, converter_config, max_relative_diff, mx_of, single_process_run
 from torch import nn
 
 from dtrain.config import JobConfig
 from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED
-from dtrain.precision.mx import build_mx_training
 
 pytest.importorskip("torchao.prototype.moe_training")
 pytestmark = pytest.mark.skipif(not MXFP8_TRAINING_SUPPORTED, reason="torchao's MXFP8 training needs torch 2.13")
@@ -22,14 +21,14 @@ def test_converts_the_linears_that_fit_the_mx_block_and_are_not_filtered():
     model = nn.ModuleDict(
         {"up": nn.Linear(64, 128), "odd": nn.Linear(128, 48), "output": nn.Linear(64, 64)}  # 48: not a multiple of 32
     )
-    build_mx_training(converter_config("mx", **EMULATED)).convert(model)
+    mx_of(converter_config("mx", **EMULATED)).convert(model)
     wrapped = {name for name, m in model.items() if type(m.weight).__name__ == "MXFP8TrainingWeightWrapperTensor"}
     assert wrapped == {"up"}
     assert isinstance(model["up"].weight, nn.Parameter)  # still the optimizer's master weight
 
 
 def test_no_mx_without_the_converter():
-    assert build_mx_training(JobConfig()) is None
+    assert mx_of(JobConfig()) is None
 
 
 def test_mx_loss_tracks_the_fp32_loss():

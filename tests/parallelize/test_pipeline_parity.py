@@ -197,7 +197,7 @@ def run_pipeline_layout(layout: PipelineLayout, world_size: int, meshes: dict) -
     torch.distributed.all_gather_object(initial_per_rank, local_initial)
     result = run_steps(state, range(layout.steps), mesh, layout.accumulation, layout.attention_mask)
     initial = {name: tensor for rank_initial in initial_per_rank for name, tensor in rank_initial.items()}
-    return {**result, "plan": state.executor.pipeline.plan, "initial": initial}
+    return {**result, "plan": state.setup.executor.pipeline.plan, "initial": initial}
 
 
 def reference_run(

@@ -14,6 +14,6 @@ REPO = HERE.parents[1]
 
 def run_reference_script(name: str, *args: str | Path, cwd: Path = REPO) -> None:
     result = subprocess.run(
-        [sys.executable, str(HERE / name), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300
+        [sys.executable, str(HERE / name), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -50,7 +50,8 @@ def test_a_run_from_a_hf_folder_records_no_flavor_and_rebuilds_its_model(tmp_pat
     assert again.model.flavor == "" and again.model.name == get_family(cfg.model.name).name
     spec = get_family(again.model.name).model
     assert model_args(again, spec, 258) == args  # as to-hf and run_generate.sh rebuild it
-    assert model_args(again, spec, 258, hf_start(again)) == args  # as a resume, with the folder still there
+    start = hf_start(again.checkpoint, again.model.name)
+    assert model_args(again, spec, 258, start) == args  # as a resume, with the folder still there
     if family == "llama3":
         assert (args.rope_scaling.factor, args.rope_scaling.original_max_position_embeddings) == (8.0, 32)
     if family == "deepseek_v3":

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
-from reference_scripts import run_reference_script
 import torch
 from checkpoint_helpers import make_cfg, tiny_state
+from reference_scripts import run_reference_script
 from torchtitan_checkpoints import save_torchtitan_names
 
 from dtrain.checkpoint import CheckpointManager, dcp_io
@@ -72,7 +72,10 @@ def dtrain_logits(family: str, checkpoint: Path, run_dir: Path, writer: str) -> 
     cfg = make_cfg(run_dir, family=family, initial_load_path=str(checkpoint), initial_load_writer=writer)
     model = get_family(family).model.model_cls(args)
     state = tiny_state(cfg, model=model)
-    startup = CheckpointManager(cfg, run_dir, 0, 1, state, model_args=args).restore_at_startup()
+    startup = CheckpointManager(
+        cfg.checkpoint, run_dir, 0, 1, state, training=cfg.training, parallelism=cfg.parallelism, model=cfg.model,
+        optimizer=cfg.optimizer, model_args=args,
+    ).restore_at_startup()
     assert (startup.rule, startup.model_only) == ("initial_load", True)
     with torch.no_grad():
         return model.eval()(IDS)

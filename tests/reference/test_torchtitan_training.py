@@ -5,7 +5,23 @@ grad norm and lr of every step within 1e-5 relative.
 Both sides get the same command line. Its flags only replace what this machine lacks (torchtitan's test tokenizer
 and its c4_test copy: dtrain's byte tokenizer and built-in corpus instead) and shrink the run for test time; the
 schedule (warmup, decay_ratio, decay_type, min_lr_factor), optimizer and clipping settings are the file's own.
-Measured (torch 2.13, CPU): worst relative difference 4.9e-7 in loss, 6.5e-6 in grad norm (DeepSeek-V3), lr exact.
+
+Two more flags make the comparison reproducible; neither changes dtrain's run (0 is its default seed, and its
+deterministic kernels are the ones it runs anyway on one CPU process):
+- `--debug.seed 0`: torchtitan's weights come from torchtitan's init under that seed (unset, every run drew new ones);
+- `--debug.deterministic`: torchtitan's MoE (DeepSeek-V3, Qwen3-MoE) gathers each token's rows by token index with
+  repeats, whose backward adds the top-k rows into the token's gradient with parallel atomic adds on a CPU with
+  more than one thread; their order, and the rounding, changed from run to run (the same weights and batch gave
+  different gradients in 5 of 6 repeats). The deterministic kernel adds them serially.
+Both matter because top-k routing is discontinuous: dtrain and torchtitan compute the router scores with ulp-level
+differences (kernel choices: dtrain's values padded to the query head size for SDPA's flash kernel, its real cos/sin
+RoPE table, its mul-and-sum combine, its parameter order in the grad norm), and when the k-th and (k+1)-th scores of
+a token are nearer than that, the token can go to another expert on one side only: the grad norm then moves by
+~1e-5 and the loss hardly (a failure seen with random inits: 1.4e-5 in grad norm, 6e-8 in loss). Of 8 random inits,
+3 had a near-tie (smallest gap at most 1.1x the largest score difference). Measured on seed 0 (torch 2.13, CPU,
+2 threads): smallest top-k gap 1.1e-6 over all steps, layers and tokens, against score differences of at most
+1.3e-7 (8x margin); worst relative difference 1.2e-7 in loss, 7.2e-7 in grad norm (DeepSeek-V3; 1.0e-6 with one
+thread), lr exact.
 """
 
 from __future__ import annotations
@@ -54,6 +70,7 @@ def test_torchtitan_toml_trains_torchtitans_curve(tmp_path, family):
         "--training.dataset", "builtin", "--model.hf_assets_path", "",
         "--training.steps", str(STEPS), "--training.seq_len", "64", "--training.local_batch_size", "2",
         "--training.mixed_precision_param", "float32", "--job.dump_folder", str(tmp_path / "dtrain"),
+        "--debug.seed", "0", "--debug.deterministic",
     ]
     reference = torchtitan_run(tmp_path, argv)
     result = run_train(*argv, "--checkpoint.initial_load_path", str(tmp_path / "seed"), *dtrain_flags, timeout=400)

@@ -6,22 +6,23 @@ import os
 
 import pytest
 
-from dtrain.config.schema import JobConfig
+from dtrain.config.schema import Checkpoint, Job, JobConfig, Metrics
 from dtrain.errors import ConfigError
 from dtrain.reliability.run_folder_checks import check_run_folder
 
 
-def cfg_for(run_dir, checkpoint: bool = True) -> JobConfig:
+def sections_for(run_dir, checkpoint: bool = True) -> tuple[Job, Checkpoint, Metrics]:
+    """The [job], [checkpoint] and [metrics] sections check_run_folder reads."""
     cfg = JobConfig()
     cfg.job.dump_folder = str(run_dir)
     cfg.checkpoint.enable = checkpoint
-    return cfg
+    return cfg.job, cfg.checkpoint, cfg.metrics
 
 
 def test_usable_folders_pass_existing_or_not(tmp_path):
-    check_run_folder(cfg_for(tmp_path / "new" / "run"))
+    check_run_folder(*sections_for(tmp_path / "new" / "run"))
     (tmp_path / "run" / "checkpoint").mkdir(parents=True)
-    check_run_folder(cfg_for(tmp_path / "run"))
+    check_run_folder(*sections_for(tmp_path / "run"))
 
 
 @pytest.mark.parametrize("make, message", [
@@ -39,7 +40,7 @@ def test_each_problem_is_one_line_naming_the_path(tmp_path, make, message):
         run = tmp_path / "p" / "run"
     make(run)
     with pytest.raises(ConfigError) as err:
-        check_run_folder(cfg_for(run))
+        check_run_folder(*sections_for(run))
     assert str(err.value).startswith(message.format(run=run, parent=tmp_path)) and "\n" not in str(err.value)
 
 
@@ -48,4 +49,4 @@ def test_a_read_only_folder_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "access", lambda path, mode: os.fspath(path) != os.fspath(tmp_path))
     with pytest.raises(ConfigError, match=f"job.dump_folder {tmp_path}/run would be created in {tmp_path}, "
                                           "which is not writable"):
-        check_run_folder(cfg_for(tmp_path / "run"))
+        check_run_folder(*sections_for(tmp_path / "run"))

@@ -9,12 +9,7 @@ import subprocess
 
 import pytest
 
-from dtrain.reliability.run_lock import (
-    LOCK_FILE,
-    RunFolderInUse,
-    RunLock,
-    locked_run_folder,
-)
+from dtrain.reliability.run_lock import LOCK_FILE, RunFolderInUse, RunLock, locked_run_folder
 
 
 def dead_pid() -> int:

@@ -16,22 +16,10 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from dtrain.config import load_config
 from dtrain.config.schema import Optimizer
-from dtrain.parallelize import (
-    ParallelDims,
-    ParallelizeOptions,
-    apply_ac,
-    build_mesh,
-    get_family,
-    memory_footprint,
-)
+from dtrain.parallelize import ParallelDims, ParallelizeOptions, apply_ac, build_mesh, get_family, memory_footprint
 from dtrain.run import memory_preflight
 from dtrain.run.layout import ParallelLayout
-from dtrain.run.memory_preflight import (
-    InsufficientMemory,
-    Workload,
-    activation_bytes,
-    estimate_memory,
-)
+from dtrain.run.memory_preflight import InsufficientMemory, Workload, activation_bytes, estimate_memory
 from dtrain.run.prepare import prepare
 from dtrain.run.train import train
 from dtrain.step.optimizer import build_optimizer

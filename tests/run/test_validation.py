@@ -20,12 +20,12 @@ from dtrain.metrics import MetricsLogger
 from dtrain.models.llama3 import Llama3Args, Transformer
 from dtrain.parallelize import ParallelDims, get_family
 from dtrain.run.layout import check_validation_layout
-from dtrain.run.validation import build_validator, validation_loss
+from dtrain.run.validation import Validator, build_validator, validation_loss
 from dtrain.step.executor import LocalExecutor
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
-from dtrain.step.state import RankCoordinates, TrainState
-from dtrain.step.train_step import IGNORE_INDEX, cross_entropy_sum
+from dtrain.step.state import RankCoordinates, StepSetup, TrainState
+from dtrain.step.train_step import IGNORE_INDEX, StepLoss
 
 ARGS = Llama3Args(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=258, multiple_of=16, max_seq_len=32)
 
@@ -37,6 +37,10 @@ def validation_config(**validation) -> JobConfig:
     for key, value in validation.items():
         setattr(cfg.validation, key, value)
     return cfg
+
+
+def validator_for(cfg: JobConfig, rank: RankCoordinates, device) -> Validator | None:
+    return build_validator(cfg.validation, cfg.training, cfg.debug.seed, rank, ByteTokenizer(), device)
 
 
 # --- the built-in corpus's split --------------------------------------------------------------------------------
@@ -84,7 +88,7 @@ def take(validator, count):
 
 
 def test_every_evaluation_reads_the_same_batches_from_the_start():
-    validator = build_validator(validation_config(), RankCoordinates(), ByteTokenizer(), torch.device("cpu"))
+    validator = validator_for(validation_config(), RankCoordinates(), torch.device("cpu"))
     first, second = take(validator, 3), take(validator, 3)
     for a, b in zip(first, second):
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
@@ -96,17 +100,17 @@ def test_every_evaluation_reads_the_same_batches_from_the_start():
 def test_background_loading_reads_the_same_batches_at_every_evaluation(num_workers, persistent):
     cfg = validation_config()
     cfg.validation.dataloader.num_workers, cfg.validation.dataloader.persistent_workers = num_workers, persistent
-    plain = take(build_validator(validation_config(), RankCoordinates(), ByteTokenizer(), "cpu"), 3)
-    validator = build_validator(cfg, RankCoordinates(), ByteTokenizer(), "cpu")
+    plain = take(validator_for(validation_config(), RankCoordinates(), "cpu"), 3)
+    validator = validator_for(cfg, RankCoordinates(), "cpu")
     for _ in range(2):  # the second evaluation rewinds the background loader to the first batch
         for a, b in zip(take(validator, 3), plain):
             assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
 
 
 def test_each_dp_rank_reads_its_slice_of_the_global_batch():
-    whole = take(build_validator(validation_config(local_batch_size=4), RankCoordinates(), ByteTokenizer(), "cpu"), 2)
+    whole = take(validator_for(validation_config(local_batch_size=4), RankCoordinates(), "cpu"), 2)
     halves = [
-        take(build_validator(validation_config(), RankCoordinates(dp_rank=r, dp_size=2), ByteTokenizer(), "cpu"), 2)
+        take(validator_for(validation_config(), RankCoordinates(dp_rank=r, dp_size=2), "cpu"), 2)
         for r in range(2)
     ]
     for index, batch in enumerate(whole):
@@ -117,15 +121,15 @@ def test_steps_minus_one_counts_the_whole_set_in_full_global_batches(tmp_path):
     (tmp_path / "a.txt").write_text("x" * 98)  # [BOS] 98 bytes [EOS]: 100 tokens
     (tmp_path / "b.txt").write_text("y" * 198)  # 200 tokens: 300 in all = 17 windows of 17, 8 global batches of 2
     cfg = validation_config(dataset="files", dataset_path=str(tmp_path), steps=-1)
-    assert build_validator(cfg, RankCoordinates(), ByteTokenizer(), "cpu").batches == 8
-    assert build_validator(cfg, RankCoordinates(dp_rank=1, dp_size=2), ByteTokenizer(), "cpu").batches == 4
+    assert validator_for(cfg, RankCoordinates(), "cpu").batches == 8
+    assert validator_for(cfg, RankCoordinates(dp_rank=1, dp_size=2), "cpu").batches == 4
     cfg.validation.seq_len = 400
     with pytest.raises(DataError, match="fewer than one global batch"):
-        build_validator(cfg, RankCoordinates(), ByteTokenizer(), "cpu")
+        validator_for(cfg, RankCoordinates(), "cpu")
 
 
 def test_off_means_no_validator():
-    assert build_validator(JobConfig(), RankCoordinates(), ByteTokenizer(), "cpu") is None
+    assert validator_for(JobConfig(), RankCoordinates(), "cpu") is None
 
 
 class NoData:
@@ -142,12 +146,13 @@ def small_state() -> TrainState:
     model.init_weights()
     optimizer = build_optimizers([model], Optimizer(lr=1e-2), torch.device("cpu"))
     scheduler = build_lr_scheduler(optimizer, 10, LRScheduler())
-    return TrainState([model], optimizer, scheduler, NoData(), LocalExecutor(cross_entropy_sum), seed=0, max_norm=1.0)
+    setup = StepSetup(LocalExecutor(StepLoss()), seed=0, max_norm=1.0)
+    return TrainState([model], optimizer, scheduler, NoData(), setup)
 
 
 def test_validation_loss_is_the_mean_over_all_valid_tokens_without_gradients():
     state = small_state()
-    validator = build_validator(validation_config(), RankCoordinates(), ByteTokenizer(), "cpu")
+    validator = validator_for(validation_config(), RankCoordinates(), "cpu")
     batches = take(validator, 3)
     batches[1]["labels"][0, :5] = IGNORE_INDEX
     model = state.model_parts[0]
@@ -162,7 +167,7 @@ def test_validation_loss_is_the_mean_over_all_valid_tokens_without_gradients():
 
 def test_validator_runs_its_batches_and_reports_perplexity():
     state = small_state()
-    validator = build_validator(validation_config(freq=5), RankCoordinates(), ByteTokenizer(), torch.device("cpu"))
+    validator = validator_for(validation_config(freq=5), RankCoordinates(), torch.device("cpu"))
     values = validator.run(state)
     assert values["val_loss"] == pytest.approx(validation_loss(state, take(validator, 3)).item())
     assert values["val_perplexity"] == pytest.approx(math.exp(values["val_loss"]))
@@ -218,12 +223,13 @@ def test_layout_checks_name_the_validation_keys():
     family = get_family("llama3")
     cfg = validation_config(seq_len=18)
     with pytest.raises(ConfigError, match=r"^validation.seq_len=18 is not a multiple of 2 × "):
-        check_validation_layout(cfg, ParallelDims(2, cp=2, dp_shard=1), family, ARGS)
+        check_validation_layout(cfg.validation, cfg.parallelism, ParallelDims(2, cp=2, dp_shard=1), family, ARGS)
     cfg = validation_config(local_batch_size=1)
     cfg.parallelism.pipeline_parallel_degree = 2
     with pytest.raises(ConfigError, match="validation.local_batch_size"):
-        check_validation_layout(cfg, ParallelDims(2, pp=2, dp_shard=1), family, ARGS)
-    check_validation_layout(validation_config(), ParallelDims(2, cp=2, dp_shard=1), family, ARGS)
+        check_validation_layout(cfg.validation, cfg.parallelism, ParallelDims(2, pp=2, dp_shard=1), family, ARGS)
+    cfg = validation_config()
+    check_validation_layout(cfg.validation, cfg.parallelism, ParallelDims(2, cp=2, dp_shard=1), family, ARGS)
 
 
 def test_trainings_own_data_is_refused(tmp_path):
@@ -232,22 +238,22 @@ def test_trainings_own_data_is_refused(tmp_path):
     cfg = validation_config(dataset="files", dataset_path=str(tmp_path / "data" / "a.txt"))
     cfg.training.dataset, cfg.training.dataset_path = "files", str(tmp_path / "data")
     with pytest.raises(ConfigError, match="reads training's data"):
-        build_validator(cfg, RankCoordinates(), ByteTokenizer(), "cpu")
+        validator_for(cfg, RankCoordinates(), "cpu")
     cfg.training.dataset, cfg.training.dataset_path = "c4", ""
     cfg.validation.dataset, cfg.validation.dataset_path = "c4", ""
     with pytest.raises(ConfigError, match="validation.dataset = c4 .* reads training's data"):
-        build_validator(cfg, RankCoordinates(), ByteTokenizer(), "cpu")
+        validator_for(cfg, RankCoordinates(), "cpu")
     # A mixture's every entry counts as training's data.
     cfg.training.dataset, cfg.training.dataset_mixture = "mixture", [["builtin", "1"], ["files", str(tmp_path), "1"]]
     cfg.validation.dataset, cfg.validation.dataset_path = "files", str(tmp_path / "data")
     with pytest.raises(ConfigError, match="reads training's data"):
-        build_validator(cfg, RankCoordinates(), ByteTokenizer(), "cpu")
+        validator_for(cfg, RankCoordinates(), "cpu")
 
 
 def test_missing_validation_data_names_the_validation_keys(tmp_path):
     cfg = validation_config(dataset="files", dataset_path=str(tmp_path / "missing"))
     with pytest.raises(DataError, match=r"^validation.dataset_path .* does not exist"):
-        build_validator(cfg, RankCoordinates(), ByteTokenizer(), "cpu")
+        validator_for(cfg, RankCoordinates(), "cpu")
 
 
 def test_validation_seq_len_fits_the_model():

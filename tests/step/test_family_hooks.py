@@ -13,12 +13,12 @@ from dtrain.errors import ConfigError
 from dtrain.models.llama3 import Transformer
 from dtrain.parallelize import FamilySpec, ParallelDims, ParallelizeOptions, get_family
 from dtrain.parallelize.pipeline_split import StageModule
+from dtrain.run.build_state import build_step_executor
 from dtrain.run.layout import ParallelLayout, check_layout
-from dtrain.step.executor import build_step_executor
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
-from dtrain.step.state import TrainState
-from dtrain.step.train_step import cross_entropy_sum, train_step
+from dtrain.step.state import StepSetup, TrainState
+from dtrain.step.train_step import StepLoss, train_step
 
 LLAMA3 = get_family("llama3")
 ONE_PROCESS = ParallelLayout(ParallelDims(1), ParallelizeOptions())
@@ -33,8 +33,9 @@ def state_for(family: FamilySpec) -> TrainState:
     model.init_weights()
     optimizer = build_optimizers([model], Optimizer(lr=1e-2), torch.device("cpu"))
     scheduler = build_lr_scheduler(optimizer, 100, LRScheduler(warmup_steps=2))
-    executor = build_step_executor(family, ONE_PROCESS, [StageModule(0, model)], cross_entropy_sum, torch.device("cpu"))
-    return TrainState([model], optimizer, scheduler, NoData(), executor, seed=0, max_norm=0.0)
+    loss = StepLoss.build(ONE_PROCESS.dims)
+    executor = build_step_executor(family, ONE_PROCESS, [StageModule(0, model)], loss, torch.device("cpu"))
+    return TrainState([model], optimizer, scheduler, NoData(), StepSetup(executor, seed=0, max_norm=0.0))
 
 
 def step_gradients(family: FamilySpec, microbatches: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

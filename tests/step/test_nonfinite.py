@@ -4,6 +4,7 @@ training.skip_nonfinite_steps the step leaves weights and optimizer state untouc
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from test_step import make_state, split
 
 from dtrain.step.executor import LocalExecutor
 from dtrain.step.nonfinite import Diverged, NonFiniteGuard
-from dtrain.step.train_step import cross_entropy_sum, train_step
+from dtrain.step.train_step import StepLoss, cross_entropy_sum, train_step
 
 
 def test_the_guard_names_the_first_non_finite_step_only_when_checked():
@@ -34,8 +35,7 @@ def poisoned_state(skip: int, bad_steps: set[int]):
         return cross_entropy_sum(logits, labels) * scale
 
     state = make_state()
-    state.executor = LocalExecutor(loss_fn)
-    state.skip_nonfinite_steps = skip
+    state.setup = replace(state.setup, executor=LocalExecutor(StepLoss(loss_fn)), skip_nonfinite_steps=skip)
     return state
 
 

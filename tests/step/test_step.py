@@ -8,8 +8,8 @@ from dtrain.models.llama3 import Llama3Args, Transformer
 from dtrain.step.executor import LocalExecutor
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
-from dtrain.step.state import TrainState
-from dtrain.step.train_step import IGNORE_INDEX, cross_entropy_sum, train_step
+from dtrain.step.state import StepSetup, TrainState
+from dtrain.step.train_step import IGNORE_INDEX, StepLoss, cross_entropy_sum, train_step
 
 ARGS = Llama3Args(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=16, max_seq_len=16)
 
@@ -28,7 +28,7 @@ def make_state(seed=0, max_norm=1.0):
     model.init_weights()
     opt = build_optimizers([model], Optimizer(lr=1e-2), torch.device("cpu"))
     sched = build_lr_scheduler(opt, 100, LRScheduler(warmup_steps=2))
-    return TrainState([model], opt, sched, NoData(), LocalExecutor(cross_entropy_sum), seed=seed, max_norm=max_norm)
+    return TrainState([model], opt, sched, NoData(), StepSetup(LocalExecutor(StepLoss()), seed=seed, max_norm=max_norm))
 
 
 def global_batch(step, n=8, seq=16):
