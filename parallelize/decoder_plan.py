@@ -22,6 +22,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
 from dtrain.models.decoder import DecoderArgs, decoder_layout
+from dtrain.models.transformer import Transformer
 from dtrain.parallelize.activation_checkpoint import apply_ac, set_memory_budget
 from dtrain.parallelize.compile import apply_compile, start_compile_trace
 from dtrain.parallelize.context_parallel import apply_cp
@@ -51,8 +52,8 @@ def grouped_query_projections() -> TPPlan:
     return {"wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel()}
 
 
-def decoder_tp_plan(attention: TPPlan, *, sequence_parallel: bool, loss_parallel: bool) -> TPPlan:
-    """The Megatron plan of the shared decoder around a family's attention styles (`attention`: paths below a
+def decoder_tp_plan(attention_styles: TPPlan, *, sequence_parallel: bool, loss_parallel: bool) -> TPPlan:
+    """The Megatron plan of the shared decoder around a family's attention styles (`attention_styles`: paths below a
     block's ``attention``, e.g. Llama's ``wq``; the output projection ``wo`` is added here).
 
     In each block the attention's head projections and w1/w3 are split by output features (whole heads / hidden
@@ -76,20 +77,24 @@ def decoder_tp_plan(attention: TPPlan, *, sequence_parallel: bool, loss_parallel
         input_layouts=(seq, None, None, None), desired_input_layouts=(Replicate(), None, None, None)
     )
     gather_ffn_input = PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),))
+    # Names from the shared decoder's layout; those inside a block (its norms and feed-forward) are the shared
+    # block's own, which this plan is the plan of.
+    d = Transformer.decoder_layout
+    block, attention = f"{d.blocks}.*", f"{d.blocks}.*.{d.attention}"
     return {
-        "tok_embeddings": SyncOutputRowwiseParallel(input_layouts=Replicate(), output_layouts=act),
-        "layers.*.attention_norm": norm_style(),
-        **({"layers.*.attention": gather_attention_input} if sequence_parallel else {}),
-        **{f"layers.*.attention.{path}": style for path, style in attention.items()},
-        "layers.*.attention.wo": RowwiseParallel(output_layouts=act),
-        "layers.*.ffn_norm": norm_style(),
-        **({"layers.*.feed_forward": gather_ffn_input} if sequence_parallel else {}),
-        "layers.*.feed_forward.w1": ColwiseParallel(),
-        "layers.*.feed_forward.w3": ColwiseParallel(),
-        "layers.*.feed_forward.w2": RowwiseParallel(output_layouts=act),
-        **{f"layers.*.{path}": style for path, style in moe_tp_plan(sequence_parallel=sequence_parallel).items()},
-        "norm": norm_style(),
-        "output": ColwiseParallel(
+        d.embedding: SyncOutputRowwiseParallel(input_layouts=Replicate(), output_layouts=act),
+        f"{block}.attention_norm": norm_style(),
+        **({attention: gather_attention_input} if sequence_parallel else {}),
+        **{f"{attention}.{path}": style for path, style in attention_styles.items()},
+        f"{attention}.wo": RowwiseParallel(output_layouts=act),
+        f"{block}.ffn_norm": norm_style(),
+        **({f"{block}.feed_forward": gather_ffn_input} if sequence_parallel else {}),
+        f"{block}.feed_forward.w1": ColwiseParallel(),
+        f"{block}.feed_forward.w3": ColwiseParallel(),
+        f"{block}.feed_forward.w2": RowwiseParallel(output_layouts=act),
+        **{f"{block}.{path}": style for path, style in moe_tp_plan(sequence_parallel=sequence_parallel).items()},
+        d.final_norm: norm_style(),
+        d.head: ColwiseParallel(
             input_layouts=act,
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
