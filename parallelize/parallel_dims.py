@@ -21,6 +21,9 @@ CONFIG_KEYS = {
     "ep": "parallelism.expert_parallel_degree",
 }
 
+# Rows SDPA's memory-efficient CUDA kernel pads its log-sum-exp to (see check_cp_divides).
+RING_CHUNK_ROWS = 32
+
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
@@ -157,9 +160,13 @@ class ParallelDims:
                     f"{CONFIG_KEYS['tp']}={self.tp} does not divide {name}={size} (valid: {_valid_list(valid)}{hint})"
                 )
 
-    def check_cp_divides(self, seq_len: int, load_balancer: str) -> None:
+    def check_cp_divides(self, seq_len: int, load_balancer: str, torch_ring: bool = False) -> None:
         """Check that context parallel can cut every sequence into its chunks: 2 cp of them under the head-tail
-        load balancer, cp otherwise."""
+        load balancer, cp otherwise. Under torch's ring attention (`torch_ring`, CUDA) with head-tail chunks,
+        each chunk must also be a multiple of 32 rows: the ring attends the second half of a rank's queries
+        alone and merges that half's log-sum-exp into the whole one's, and SDPA's memory-efficient kernel pads
+        its log-sum-exp to multiples of 32 rows, so any other length fails in the merge (seen on torch 2.11, an
+        H100, fp32: chunks of 16 rows)."""
         if not self.cp_enabled:
             return
         chunks = 2 * self.cp if load_balancer == "headtail" else self.cp
@@ -169,6 +176,13 @@ class ParallelDims:
                 f"training.seq_len={seq_len} is not a multiple of {how} = {chunks} "
                 f"(parallelism.context_parallel_load_balancer={load_balancer!r} cuts each sequence into {chunks} "
                 f"chunks; valid seq_len: {chunks}, {2 * chunks}, {3 * chunks}, ...)"
+            )
+        unit = chunks * RING_CHUNK_ROWS
+        if torch_ring and load_balancer == "headtail" and seq_len % unit:
+            raise ParallelismError(
+                f"training.seq_len={seq_len} gives head-tail chunks of {seq_len // chunks} rows; torch's ring "
+                f"attention (CUDA) needs chunks of a multiple of {RING_CHUNK_ROWS} rows, as SDPA's memory-efficient "
+                f"kernel pads its log-sum-exp so (valid seq_len: {unit}, {2 * unit}, {3 * unit}, ...)"
             )
 
     def gradient_accumulation_steps(self, local_batch_size: int, global_batch_size: int) -> int:

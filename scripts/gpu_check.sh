@@ -5,15 +5,21 @@
 #      compile, compile + float8 tensorwise and rowwise (and MXFP8 on Blackwell-class GPUs), in bf16 with fused
 #      AdamW (optimizer.implementation auto):
 #      tokens/s, MFU in dtrain's convention and torchtitan's, peak memory (scripts/bench_layouts.py);
-#   3. scripts/compile_study.py on the first model: eager, compile default and reduce-overhead, and what the
-#      portable compile cache (compile.cache) saves against a cold compile and a warm local cache;
-#   4. one run that writes a CUDA memory snapshot and saves an async checkpoint from pinned memory, then checks
-#      that both exist.
+#   3. one run that writes a CUDA memory snapshot and saves an async checkpoint from pinned memory, then checks
+#      that both exist;
+#   4. scripts/compile_study.py on the first model: eager, compile default and reduce-overhead, and what the
+#      portable compile cache (compile.cache) saves against a cold compile and a warm local cache.
 # It prints one table per model and writes everything to GPU_CHECK_OUT (default gpu_check_<date>.md); record the
 # table in docs/benchmarks.md with the exact command.
 #
 #   scripts/gpu_check.sh                 # on a GPU machine
 #   DRY_RUN=1 scripts/gpu_check.sh       # anywhere: the same steps on the CPU with the debug model, a few steps
+#   GPU_CHECK_MODELS="llama3 1B" GPU_CHECK_STUDY_MODES=default scripts/gpu_check.sh   # a shorter check
+#
+# GPU_CHECK_MODELS: ";"-separated "name flavor" pairs (the first also runs the snapshot and the compile study);
+# GPU_CHECK_STUDY_MODES: the compile study's --modes ("none" skips it). The CUDA tests' whole log is written beside
+# the report (its name with .tests.log). A failed benchmark variant or study gets its row and the script goes on,
+# so one broken path never hides the others' figures; the script still exits non-zero at the end.
 #
 # Without CUDA it always runs dry: the tests skip, float8 is emulated, and the figures mean nothing; the dry run
 # only shows that the script and every variant work.
@@ -40,19 +46,26 @@ else
     MODELS=("llama3 1B" "qwen3 1.7B")
     SHAPE=(--model.tokenizer byte --model.args.vocab_size 128256 --training.seq_len 2048)
     BATCH=4
-    CUDA_ONLY=(--checkpoint.async_mode async_with_pinned_mem --profiling.enable_memory_snapshot)
+    # A snapshot is written every profile_freq steps: every 2 of the 4 steps here.
+    CUDA_ONLY=(--checkpoint.async_mode async_with_pinned_mem --profiling.enable_memory_snapshot --profiling.profile_freq 2)
     STUDY_MODES=default,reduce-overhead  # CUDA graphs: what they add on top of the compiled kernels
 fi
+if [[ -n "${GPU_CHECK_MODELS:-}" ]]; then
+    IFS=';' read -r -a MODELS <<<"$GPU_CHECK_MODELS"
+fi
+STUDY_MODES=${GPU_CHECK_STUDY_MODES:-$STUDY_MODES}
+failed=()
 
 {
     echo "# gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo
     "$PYTHON" -c 'import torch; d = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"; print(f"torch {torch.__version__}, {d}")'
-    echo "command: DRY_RUN=${DRY_RUN:-0} scripts/gpu_check.sh"
+    echo "command: DRY_RUN=${DRY_RUN:-0} GPU_CHECK_MODELS=\"${MODELS[*]}\" GPU_CHECK_STUDY_MODES=$STUDY_MODES scripts/gpu_check.sh"
 } | tee "$OUT"
 
 echo -e "\n## CUDA-marked tests\n" | tee -a "$OUT"
-"$PYTHON" -m pytest -q -p no:cacheprovider -m cuda tests 2>&1 | tail -n 5 | tee -a "$OUT"
+"$PYTHON" -m pytest -q -rfE -p no:cacheprovider -m cuda tests >"${OUT%.md}.tests.log" 2>&1 || failed+=(tests)
+{ grep -E '^(FAILED|ERROR) |^[0-9]+ (passed|failed|skipped|error)' "${OUT%.md}.tests.log" || true; } | tail -n 30 | tee -a "$OUT"
 
 VARIANTS=eager,compile,compile_float8_tensorwise,compile_float8_rowwise
 # MX (block-scaled) matmuls exist from Blackwell (compute capability 10.0) on; elsewhere the config refuses them.
@@ -63,24 +76,35 @@ fi
 for model in "${MODELS[@]}"; do
     read -r name flavor <<<"$model"
     echo -e "\n## $name $flavor: one GPU, global batch $BATCH\n" | tee -a "$OUT"
+    rm -f "$WORK/table.md"
     "$PYTHON" scripts/bench_layouts.py --variants "$VARIANTS" --steps "$STEPS" --warmup "$WARMUP" --batch "$BATCH" \
-        --output "$WORK/table.md" -- --model.name "$name" --model.flavor "$flavor" "${SHAPE[@]}" >/dev/null
-    tee -a "$OUT" < "$WORK/table.md"
+        --output "$WORK/table.md" -- --model.name "$name" --model.flavor "$flavor" "${SHAPE[@]}" \
+        >/dev/null 2>"$WORK/bench.err" || { failed+=("bench $name"); tail -n 20 "$WORK/bench.err" | tee -a "$OUT"; }
+    if [[ -f "$WORK/table.md" ]]; then tee -a "$OUT" < "$WORK/table.md"; fi
 done
 
-echo -e "\n## ${MODELS[0]}: compile modes, cold compile against the portable compile cache\n" | tee -a "$OUT"
 read -r name flavor <<<"${MODELS[0]}"
-"$PYTHON" scripts/compile_study.py --config debug_model --modes "$STUDY_MODES" --steps 6 --cache \
-    --model.name "$name" --model.flavor "$flavor" "${SHAPE[@]}" --training.local_batch_size "$BATCH" \
-    --training.dataset synthetic | tee -a "$OUT" \
-    || echo "compile study: exit $? (a failed variant names its error in its row)" | tee -a "$OUT"
-
 echo -e "\n## memory snapshot and async checkpoint (pinned memory)\n" | tee -a "$OUT"
 NPROC=1 ./run_train.sh --training.dataset synthetic --training.steps 4 --job.dump_folder "$WORK/snapshot_run" \
     --model.name "$name" --model.flavor "$flavor" "${SHAPE[@]}" --training.local_batch_size "$BATCH" \
     --checkpoint.enable --checkpoint.interval 2 "${CUDA_ONLY[@]}" >"$WORK/snapshot_run.log" 2>&1 \
-    || { tail -n 20 "$WORK/snapshot_run.log"; exit 1; }
-snapshots=$(find "$WORK/snapshot_run" -name '*.pickle' | wc -l)
-checkpoints=$(find "$WORK/snapshot_run/checkpoint" -mindepth 1 -maxdepth 1 -type d | wc -l)
+    || { failed+=(snapshot); tail -n 20 "$WORK/snapshot_run.log" | tee -a "$OUT"; }
+snapshots=$(find "$WORK/snapshot_run" -name '*.pickle' 2>/dev/null | wc -l || true)
+checkpoints=$(find "$WORK/snapshot_run/checkpoint" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l || true)
 echo "memory snapshot files: $snapshots (CUDA only); checkpoints saved asynchronously: $checkpoints" | tee -a "$OUT"
+if [[ "$STUDY_MODES" != none ]]; then
+    echo -e "\n## ${MODELS[0]}: compile modes, cold compile against the portable compile cache\n" | tee -a "$OUT"
+    "$PYTHON" scripts/compile_study.py --config debug_model --modes "$STUDY_MODES" --steps 6 --cache \
+        --model.name "$name" --model.flavor "$flavor" "${SHAPE[@]}" --training.local_batch_size "$BATCH" \
+        --training.dataset synthetic | tee -a "$OUT" || {
+        status=$?
+        failed+=("compile study")
+        echo "compile study: exit $status (a failed variant names its error in its row)" | tee -a "$OUT"
+    }
+fi
+
 echo -e "\nwritten to $OUT"
+if (( ${#failed[@]} )); then
+    echo "gpu_check: failed: ${failed[*]}" >&2
+    exit 1
+fi

@@ -121,10 +121,12 @@ def check_layout(cfg: JobConfig, world_size: int, family: FamilySpec, model_args
         dims = parallel_dims(cfg.parallelism, world_size)
         plan = pipeline_plan(cfg.parallelism, training.local_batch_size, dims, family, model_args)
         family.check_shapes(dims, model_args, training.seq_len)
-        dims.check_cp_divides(training.seq_len, cfg.parallelism.context_parallel_load_balancer)
+        options = parallelize_options(cfg, device_type)
+        torch_ring = options.cp_attention_path == "ring"
+        dims.check_cp_divides(training.seq_len, cfg.parallelism.context_parallel_load_balancer, torch_ring)
         family.check_hooks(plan, model_args)
         dims.gradient_accumulation_steps(training.local_batch_size, training.global_batch_size)
-        parallelize_options(cfg, device_type).validate(dims)
+        options.validate(dims)
         if cfg.compile.enable:  # also when only the loss is compiled
             c = cfg.compile
             check_compile_options(
@@ -135,17 +137,22 @@ def check_layout(cfg: JobConfig, world_size: int, family: FamilySpec, model_args
     except ParallelismError as err:
         raise ConfigError(str(err)) from None
     if cfg.validation.enable:
-        check_validation_layout(cfg.validation, cfg.parallelism, dims, family, model_args)
+        check_validation_layout(cfg.validation, cfg.parallelism, dims, family, model_args, torch_ring)
 
 
 def check_validation_layout(
-    v: Validation, parallelism: Parallelism, dims: ParallelDims, family: FamilySpec, model_args: DecoderArgs
+    v: Validation,
+    parallelism: Parallelism,
+    dims: ParallelDims,
+    family: FamilySpec,
+    model_args: DecoderArgs,
+    torch_ring: bool = False,
 ) -> None:
     """Validation batches split over the ranks as training's do: the sequence over TP and CP ranks, the batch
     into pipeline microbatches. The checks are training's, so their messages are told which keys gave the sizes."""
     try:
         family.check_shapes(dims, model_args, v.seq_len)
-        dims.check_cp_divides(v.seq_len, parallelism.context_parallel_load_balancer)
+        dims.check_cp_divides(v.seq_len, parallelism.context_parallel_load_balancer, torch_ring)
         pipeline_plan(parallelism, v.local_batch_size, dims, family, model_args)
     except ParallelismError as err:
         message = str(err).replace("training.seq_len", "validation.seq_len")

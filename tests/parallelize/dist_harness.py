@@ -23,14 +23,16 @@ PROCESS_GROUP_TIMEOUT_S = 120
 PRELOAD = ["torch", "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "dtrain.parallelize", "dtrain.step.train_step"]
 
 
-def _entry(rank: int, world_size: int, folder: str, fn: Callable, args: tuple) -> None:
+def _entry(rank: int, world_size: int, folder: str, fn: Callable, args: tuple, backend: str) -> None:
     import torch.distributed as dist
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
+    if backend == "nccl":  # one GPU per rank
+        torch.cuda.set_device(rank)
     store = dist.FileStore(os.path.join(folder, "store"), world_size)
     dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=PROCESS_GROUP_TIMEOUT_S)
+        backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=PROCESS_GROUP_TIMEOUT_S)
     )
     try:
         result = fn(rank, world_size, *args)
@@ -40,7 +42,7 @@ def _entry(rank: int, world_size: int, folder: str, fn: Callable, args: tuple) -
         dist.destroy_process_group()
 
 
-def run_world(world_size: int, fn: Callable, *args: Any, timeout_s: float = 240) -> Any:
+def run_world(world_size: int, fn: Callable, *args: Any, timeout_s: float = 240, backend: str = "gloo") -> Any:
     """Spawn `world_size` ranks running `fn(rank, world_size, *args)`; return rank 0's result.
 
     A rank that fails re-raises here with its traceback; a world that hangs is killed after `timeout_s`.
@@ -49,7 +51,11 @@ def run_world(world_size: int, fn: Callable, *args: Any, timeout_s: float = 240)
     mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
     with tempfile.TemporaryDirectory() as folder:
         context = mp.start_processes(
-            _entry, args=(world_size, folder, fn, args), nprocs=world_size, join=False, start_method="forkserver"
+            _entry,
+            args=(world_size, folder, fn, args, backend),
+            nprocs=world_size,
+            join=False,
+            start_method="forkserver",
         )
         deadline = time.monotonic() + timeout_s
         try:

@@ -95,6 +95,20 @@ def test_context_parallel_needs_sequences_it_can_cut(seq_len, load_balancer, mes
     dims.check_cp_divides(16, load_balancer)
 
 
+def test_torchs_ring_needs_head_tail_chunks_of_32_rows():
+    """torch's ring merges half-chunk log-sum-exps that the memory-efficient kernel pads to 32 rows: seq_len 64
+    over cp=2 (chunks of 16) crashed on an H100; the check refuses it in one line, and the CPU paths take it."""
+    dims = ParallelDims(2, dp_shard=1, cp=2)
+    with pytest.raises(ParallelismError) as error:
+        dims.check_cp_divides(64, "headtail", torch_ring=True)
+    message = str(error.value)
+    assert message.startswith("training.seq_len=64 gives head-tail chunks of 16 rows")
+    assert "valid seq_len: 128, 256" in message
+    dims.check_cp_divides(128, "headtail", torch_ring=True)
+    dims.check_cp_divides(64, "headtail")
+    dims.check_cp_divides(64, "none", torch_ring=True)
+
+
 @pytest.mark.parametrize("degrees", [dict(tp=0), dict(dp_shard=0), dict(dp_shard=-2), dict(dp_replicate=-1)])
 def test_nonpositive_degrees(degrees):
     with pytest.raises(ParallelismError, match="is invalid"):
