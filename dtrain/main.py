@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from dtrain.errors import DtrainError
@@ -32,7 +33,8 @@ def run(argv: list[str]) -> int:
         return ANSWERED if launcher_check else 0
     cfg = load_config(argv)
     if cfg.job.print_config:
-        print(to_toml(cfg), end="")
+        # Printed as the config to train with: saved and passed back with --config, it must train, not print.
+        print(to_toml(replace(cfg, job=replace(cfg.job, print_config=False))), end="")
         return ANSWERED if launcher_check else 0
     from dtrain.run.prepare import prepare
 

@@ -39,6 +39,7 @@ from dtrain.checkpoint.safe_reading import (
 from dtrain.errors import DtrainError
 from dtrain.parallelize.torch_compat import ASYNC_STAGER_IS_REUSABLE
 from dtrain.precision.mx import allow_mx_tensors_in_checkpoints
+from dtrain.precision.torchao_import import quiet_torchao_import
 
 # Full checkpoints nest the weights under this key (TrainState.state_dict); model-only ones keep them at the top,
 # as torchtitan's model-only checkpoints do, so either project can start from the other's weights.
@@ -99,8 +100,10 @@ def read_whole_state(path: Path) -> dict[str, Any]:
     # empty dict), but through the safe reader and planner: torch's would run the checkpoint's pickles.
     # A low-bit optimizer's moments are stored as torchao's tensor subclasses, which torch.load(weights_only=True)
     # admits once torchao.optim has registered them; they are read into plain (dequantized) tensors here.
-    import torchao.optim  # noqa: F401
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    with quiet_torchao_import():
+        import torchao.optim  # noqa: F401
 
     allow_mx_tensors_in_checkpoints()
     reader = verifying_reader(path)

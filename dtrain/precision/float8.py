@@ -18,6 +18,7 @@ from torch import nn
 
 from dtrain.config.converters import FLOAT8_NAMES
 from dtrain.config.schema import QuantizeLinearFloat8
+from dtrain.precision.torchao_import import quiet_torchao_import
 
 logger = logging.getLogger("dtrain")
 
@@ -84,7 +85,8 @@ def build_float8_training(
     """
     if not any(name in FLOAT8_NAMES for name in converters):
         return None
-    from torchao.float8 import Float8LinearConfig
+    with quiet_torchao_import():
+        from torchao.float8 import Float8LinearConfig
 
     emulate = f8.emulate or not has_float8_matmul(device)
     if emulate and not f8.emulate:

@@ -22,6 +22,7 @@ from dtrain.config.converters import MX_NAMES
 from dtrain.config.schema import QuantizeLinearMX
 from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED
 from dtrain.precision.float8 import linear_filter
+from dtrain.precision.torchao_import import quiet_torchao_import
 
 logger = logging.getLogger("dtrain")
 
@@ -54,10 +55,12 @@ def allow_mx_tensors_in_checkpoints() -> None:
     if not MXFP8_TRAINING_SUPPORTED or importlib.util.find_spec("torchao") is None:
         return
     import torch
-    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
-    from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
-    from torchao.prototype.mx_formats.config import ScaleCalculationMode
-    from torchao.quantization.quantize_.common import KernelPreference
+
+    with quiet_torchao_import():  # every checkpoint read passes here: a resume must not print torchao's noise
+        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
+        from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.quantization.quantize_.common import KernelPreference
 
     # The wrapper pickles its config, and the config its two enums.
     torch.serialization.add_safe_globals(
@@ -70,7 +73,8 @@ def build_mx_training(converters: list[str], mx: QuantizeLinearMX) -> MXTraining
     validated); `mx` is `[quantize.linear.mx]`."""
     if not any(name in MX_NAMES for name in converters):
         return None
-    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+    with quiet_torchao_import():
+        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
 
     config = MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe(mx.recipe_name))
     logger.info(

@@ -13,6 +13,7 @@ from torch import nn
 
 from dtrain.parallelize import local_shard
 from dtrain.precision.low_bit_optim import low_bit_format, quantizes
+from dtrain.precision.torchao_import import quiet_torchao_import
 
 # torch 2.13 advises once per class that torchao's state tensors define _stable_hash_for_caching; its default hash
 # of their inner tensors keys them correctly (the DTensor case is with_own_compile_cache_key's), so the advice is
@@ -86,7 +87,8 @@ def build_optimizer(model_parts: list[nn.Module], cfg: OptimizerConfig, device: 
         cls = torch.optim.AdamW if cfg.name == "AdamW" else torch.optim.Adam
         return cls(groups, **hyperparameters, **kernel_flags(cfg.implementation, device))
     # Imported only when asked for: torchao is a dependency, but importing it costs a second or more.
-    import torchao.optim
+    with quiet_torchao_import():
+        import torchao.optim
 
     # torchao's step is its own torch.compile'd code, so optimizer.implementation has no meaning here (the config
     # check refuses a value other than auto).

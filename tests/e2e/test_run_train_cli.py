@@ -72,4 +72,5 @@ def test_help_and_print_config_answer_without_training(tmp_path):
     printed = run_train("--config", "debug_model.toml", "--training.steps", "7", "--job.print_config",
                         "--job.dump_folder", str(run_dir))
     assert printed.returncode == 0 and "steps = 7" in printed.stdout
+    assert "print_config = false" in printed.stdout  # the printed config trains when passed back with --config
     assert not run_dir.exists()
