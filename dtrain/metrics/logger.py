@@ -175,6 +175,9 @@ class MetricsLogger:
         self._window_start_time = now
         self._window_start_step = step
         self._tokens_seen = tokens_seen
+        # The first window after a start holds the first step, which compiles (minutes, with torch.compile) and
+        # warms the allocator: extrapolated over the run it would give a wild ETA, so that window shows none.
+        self._first_window = True
 
     def should_log(self, step: int) -> bool:
         """Log the first step (to see the initial loss at once), every log_freq-th step, and the last step."""
@@ -212,11 +215,12 @@ class MetricsLogger:
             "mfu": 100 * flops_per_s / self.peak_flops if self.peak_flops else None,
             "memory_gib": peak_memory_gib(self.device),
             "elapsed_s": now - self._start_time,
-            "eta_s": window_s / steps_in_window * max(self.total_steps - step, 0),
+            "eta_s": None if self._first_window else window_s / steps_in_window * max(self.total_steps - step, 0),
             "tokens_seen": self._tokens_seen,
             **values,
         }
         self._window_start_time, self._window_start_step = now, step
+        self._first_window = False
         logger.info(format_line(record, self.total_steps, color=self._color and console_is_terminal(logger)))
         self._write_sinks(step, record)
         return record

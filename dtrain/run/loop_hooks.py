@@ -16,6 +16,7 @@ from dtrain.checkpoint import CheckpointManager, PreemptionWatcher
 from dtrain.config.schema import Comm, Compile, Profiling
 from dtrain.metrics import MetricsLogger
 from dtrain.observe.compile_cache import PortableCompileCache
+from dtrain.observe.compile_progress import compile_progress
 from dtrain.observe.compile_report import report_file, write_compile_report
 from dtrain.observe.profiling import maybe_memory_snapshot, maybe_profile
 from dtrain.parallelize import compile_debug_output, stop_compile_trace
@@ -63,6 +64,8 @@ def training_hooks(
     snapshot = hooks.around_loop(
         lambda: maybe_memory_snapshot(profiling, run_dir, world.rank, world.device, start_step=state.step)
     )
+    if compile.enable:  # the first step compiles: say so, and that it is still going, until it is done
+        hooks.around_first_step(compile_progress)
     debug_folder = compile_debug_folder(compile, run_dir, world.rank)
     if debug_folder:  # the first step runs inside inductor's code dump for this rank
         hooks.around_first_step(lambda: compile_debug_output(str(debug_folder)))

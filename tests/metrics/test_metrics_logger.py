@@ -59,15 +59,28 @@ def test_throughput_tflops_mfu_and_eta_math(cfg, clock, fake_peak, dtrain_logger
     assert record["tps"] == pytest.approx(2000)
     assert record["tflops"] == pytest.approx(0.002)
     assert record["mfu"] == pytest.approx(0.2)
-    # 10 steps took 2 s: 0.2 s/step x 90 steps left.
-    assert record["eta_s"] == pytest.approx(18.0)
+    # The first window holds the first step (compilation, warm-up): no ETA from it.
+    assert record["eta_s"] is None
     assert record["elapsed_s"] == pytest.approx(2.0)
     assert record["tokens_seen"] == 8000
     assert (record["loss"], record["grad_norm"], record["lr"]) == (2.5, 1.25, 3e-4)
     line = dtrain_logger.messages[-1]
     for piece in ("step  10/100", "loss 2.5000", "grad_norm 1.250", "lr 3.00e-04", "tps 2,000", "tflops 0.00",
-                  "mfu 0.20%", "eta 0:00:18"):
+                  "mfu 0.20%", "eta -"):
         assert piece in line
+
+
+def test_eta_leaves_out_the_first_window(cfg, clock, fake_peak, dtrain_logger):
+    """A first step that compiled for 200 s must not make a 100-step run of 0.2 s steps look 5 hours long."""
+    with metrics_logger(cfg, 0, 1, 1e6, CPU, torch.bfloat16) as ml:
+        clock.now += 200.0
+        first = ml.log(1, step_metrics(), 1000)
+        clock.now += 1.8
+        record = ml.log(10, step_metrics(), 9000)
+    assert first["eta_s"] is None
+    # 9 steps took 1.8 s: 0.2 s/step x 90 steps left.
+    assert record["eta_s"] == pytest.approx(18.0)
+    assert "eta 0:00:18" in dtrain_logger.messages[-1]
 
 
 def test_second_window_measures_only_its_own_steps(cfg, clock, fake_peak):
@@ -174,8 +187,11 @@ def test_start_continues_a_resumed_run(cfg, clock):
         ml.start(step=50, tokens_seen=5000)
         clock.now += 2.0
         record = ml.log(60, step_metrics(), 1000)
+        clock.now += 2.0
+        later = ml.log(70, step_metrics(), 1000)
     assert record["tokens_seen"] == 6000
-    assert record["eta_s"] == pytest.approx(0.2 * 40)
+    assert record["eta_s"] is None  # the resumed process's first window
+    assert later["eta_s"] == pytest.approx(0.2 * 30)
     assert record["elapsed_s"] == pytest.approx(2.0)
 
 
