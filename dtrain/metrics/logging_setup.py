@@ -40,7 +40,7 @@ def setup_logging(rank: int, log_rank: int | str | None = None) -> logging.Logge
 
     ``log_rank`` is the rank that logs at INFO level (an int, or "all" for every rank); when left as None it comes
     from the LOG_RANK environment variable, default 0. Other ranks log WARNING and above. Lines go to stderr as
-    ``[rank<r>] <time> <LEVEL> <message>``. Calling it again (e.g. after the rank becomes known) reconfigures the
+    ``[rank<r>]:<time> <LEVEL> <message>`` (as torchrun tags a worker's lines). Calling it again (e.g. after the rank becomes known) reconfigures the
     logger instead of duplicating its output.
     """
     chosen = _resolve_log_rank(log_rank)
@@ -49,8 +49,9 @@ def setup_logging(rank: int, log_rank: int | str | None = None) -> logging.Logge
     for handler in [h for h in logger.handlers if isinstance(h, _DtrainHandler)]:
         logger.removeHandler(handler)
     handler = _DtrainHandler()
-    # torchrun's --tee already starts every line with "[rank<r>]:"; a second tag would only repeat it.
-    tag = "" if "TORCHELASTIC_RUN_ID" in os.environ else f"[rank{rank}] "
+    # torchrun's --tee already starts every line with "[rank<r>]:"; a second tag would only repeat it. One process
+    # writes the same tag, so that a log reads (and greps) alike with one process or many.
+    tag = "" if "TORCHELASTIC_RUN_ID" in os.environ else f"[rank{rank}]:"
     handler.setFormatter(logging.Formatter(f"{tag}%(asctime)s %(levelname)s %(message)s", datefmt="%Y-%m-%d %H:%M:%S"))
     logger.addHandler(handler)
     # The root logger may carry handlers of its own (a library's basicConfig); without this each line prints twice.

@@ -3,6 +3,7 @@ memory footprint of this rank, the dtype MFU is measured against, and step metri
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 
 import torch
@@ -14,6 +15,9 @@ from dtrain.parallelize.pipeline_bubble import format_bubbles
 from dtrain.run.layout import ParallelLayout
 
 logger = logging.getLogger("dtrain")
+
+# Module-name atoms of wrappers around blocks (activation checkpointing, torch.compile).
+WRAPPER_ATOMS = ("_checkpoint_wrapped_module", "_orig_mod")
 
 
 def describe_layout(layout: ParallelLayout) -> str:
@@ -42,17 +46,37 @@ def describe_layout(layout: ParallelLayout) -> str:
     )
 
 
-def log_parallel_plans(family: FamilySpec, layout: ParallelLayout) -> None:
+def log_parallel_plans(family: FamilySpec, layout: ParallelLayout, model_parts: list[nn.Module]) -> None:
     """The tensor-parallel plan and the pipeline split, so that a run's log says how the model is laid out."""
     dims = layout.dims
     if dims.tp_enabled:
         plan = family.tp_plan(
             sequence_parallel=dims.sequence_parallel_enabled, loss_parallel=dims.loss_parallel_enabled
         )
-        logger.info("tensor-parallel plan:\n%s", format_tp_plan(plan))
+        # The family's plan covers all its variants (dense and MoE blocks); the log shows the entries this rank's
+        # model has.
+        names = module_paths(model_parts)
+        applied = {path: style for path, style in plan.items() if any(path_matches(path, n) for n in names)}
+        logger.info("tensor-parallel plan:\n%s", format_tp_plan(applied))
     if layout.plan is not None:
         logger.info(layout.plan.describe())
         logger.info(format_bubbles(layout.plan))
+
+
+def module_paths(model_parts: list[nn.Module]) -> set[tuple[str, ...]]:
+    """Every module's dotted name, as atoms, without the wrappers activation checkpointing and compile add after
+    tensor parallel was applied (the names the plan was written for)."""
+    return {
+        tuple(atom for atom in name.split(".") if atom not in WRAPPER_ATOMS)
+        for part in model_parts
+        for name, _ in part.named_modules()
+    }
+
+
+def path_matches(plan_path: str, name: tuple[str, ...]) -> bool:
+    """Whether a plan path (fnmatch patterns per atom, as parallelize_module reads them) names module `name`."""
+    atoms = plan_path.split(".")
+    return len(atoms) == len(name) and all(fnmatch.fnmatch(n, a) for a, n in zip(atoms, name))
 
 
 def log_memory(model_parts: list[nn.Module], optimizer) -> None:

@@ -88,7 +88,7 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             describe_layout(layout), accumulation, cfg.training.local_batch_size, cfg.training.seq_len,
             layout.rank.dp_size,
         )
-        log_parallel_plans(family, layout)
+        log_parallel_plans(family, layout, state.model_parts)
         compile_cache = None
         if cfg.compile.enable and cfg.compile.cache:
             settings = graph_settings(cfg, world.world_size)  # its key hashes the resolved config's values

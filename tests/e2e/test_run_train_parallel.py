@@ -35,6 +35,7 @@ def test_two_processes_match_one(tmp_path, single_process_losses, layout, expect
     assert "memory on this rank: params" in log
     if expected_in_log == "TP+SP":
         assert "tensor-parallel plan:" in log and "layers.*.attention.wq" in log
+        assert ".moe" not in log  # the plan shows what the dense model has, not the family's MoE entries
     losses = [r["loss"] for r in read_metrics(run_dir)]
     assert losses == pytest.approx(single_process_losses, rel=1e-5)
 

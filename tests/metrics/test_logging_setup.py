@@ -44,6 +44,6 @@ def test_invalid_log_rank_is_a_config_error(monkeypatch, dtrain_logger):
 def test_lines_carry_the_rank_and_repeated_setup_does_not_duplicate(dtrain_logger):
     setup_logging(1, log_rank=1)
     logger = setup_logging(1, log_rank=1)
-    assert _format(logger, "hello").startswith("[rank1] ")
+    assert _format(logger, "hello").startswith("[rank1]:")  # as torchrun tags a worker's lines
     assert _format(logger, "hello").endswith(" INFO hello")
     assert logger.propagate is False
