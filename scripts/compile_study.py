@@ -12,6 +12,10 @@ metrics.jsonl (steady = the median step after the first two), graph breaks, reco
 from the compile report. With --cache the first compile variant also saves torch's portable compile cache, and
 two more rows show what it buys: a fresh inductor cache filled from the portable cache, and the first run's own
 inductor cache, warm. Any other `--section.key VALUE` is a trainer override, passed to every variant.
+
+One sample per variant is noisy on a shared machine: `--repeats N` runs the whole study N times (rounds, each in
+fresh folders and caches, so every compile stays cold) and the table gives each time's median with its range. The
+study warns when the machine is busy before it starts (load average over half the cores).
 """
 
 from __future__ import annotations
@@ -108,13 +112,15 @@ def parse_args(argv: list[str], cuda: bool) -> tuple[argparse.Namespace, list[st
     parser.add_argument("--cache", action="store_true", help="also measure compile.cache: portable and warm local")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one variant may run (default 3600)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the rows to this file (a JSON list)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of the whole study; medians and ranges")
     args, overrides = parser.parse_known_args(argv)
     args.modes = parse_modes(args.modes, cuda)
     if args.steps < MIN_STEPS:
         raise UsageError(f"--steps must be at least {MIN_STEPS}: the steady step time is the median after the first "
                          f"two steps (got {args.steps})")
-    if args.nproc < 1 or args.timeout <= 0:
-        raise UsageError(f"--nproc must be >= 1 and --timeout > 0 (got {args.nproc} and {args.timeout})")
+    if args.nproc < 1 or args.timeout <= 0 or args.repeats < 1:
+        raise UsageError(f"--nproc and --repeats must be >= 1 and --timeout > 0 "
+                         f"(got {args.nproc}, {args.repeats} and {args.timeout})")
     if args.json is not None and not args.json.parent.is_dir():
         raise UsageError(f"--json: folder {str(args.json.parent)!r} does not exist")
     check_overrides(overrides)
@@ -236,8 +242,14 @@ def with_speedups(rows: list[dict]) -> list[dict]:
             for row in rows]
 
 
-def _cell(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+def _cell(value, spec: str, spread: tuple[float, float] | None = None, scale: int = 1) -> str:
+    """A number, with its range over the rounds as `median (min-max)` when there were several."""
+    if value is None:
+        return "-"
+    text = format(value * scale, spec)
+    if spread is not None and spread[0] != spread[1]:
+        text += f" ({format(spread[0] * scale, spec)}–{format(spread[1] * scale, spec)})"
+    return text
 
 
 def format_table(rows: list[dict]) -> str:
@@ -248,9 +260,11 @@ def format_table(rows: list[dict]) -> str:
     for row in rows:
         fx = row.get("fx_graph_cache")
         steady = row.get("steady_step_s")
+        spread = row.get("spread", {})
         cells = [
-            row["variant"], _cell(row.get("compile_time_s"), ".1f"), _cell(row.get("first_step_s"), ".2f"),
-            _cell(None if steady is None else steady * 1000, ".1f"), _cell(row.get("speedup"), ".2f"),
+            row["variant"], _cell(row.get("compile_time_s"), ".1f", spread.get("compile_time_s")),
+            _cell(row.get("first_step_s"), ".2f", spread.get("first_step_s")),
+            _cell(steady, ".1f", spread.get("steady_step_s"), scale=1000), _cell(row.get("speedup"), ".2f"),
             _cell(row.get("peak_memory_gib"), ".2f"), _cell(row.get("graph_breaks"), "d"),
             _cell(row.get("recompiles"), "d"), "-" if fx is None else f"{fx['hit']}/{fx['miss']}",
         ]
@@ -260,12 +274,13 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_study(args: argparse.Namespace, overrides: list[str], config_caches: bool, workdir: Path) -> list[dict]:
+def run_round(args: argparse.Namespace, overrides: list[str], config_caches: bool, workdir: Path,
+              label: str = "") -> list[dict]:
     """Run every variant in turn; the rows in order, with measurements or the error that ended the variant."""
     variants = plan_variants(args.modes, args.cache, config_caches, workdir)
     rows = []
     for number, variant in enumerate(variants, 1):
-        print(f"[{number}/{len(variants)}] {variant.name}", file=sys.stderr, flush=True)
+        print(f"{label}[{number}/{len(variants)}] {variant.name}", file=sys.stderr, flush=True)
         command = trainer_command(variant, args.config, overrides, args.steps)
         error = run_variant(variant, command, trainer_env(variant, args.nproc), args.timeout)
         row = {"variant": variant.name, "mode": variant.mode, "error": error}
@@ -277,7 +292,58 @@ def run_study(args: argparse.Namespace, overrides: list[str], config_caches: boo
         rows.append(row)
         if variant.mode is None and row["error"]:
             break  # without eager there is nothing to compare with, and the same config would fail again
-    return with_speedups(rows)
+    return rows
+
+
+TIMED = ("compile_time_s", "first_step_s", "steady_step_s")
+
+
+def combine_rounds(rounds: list[list[dict]]) -> list[dict]:
+    """One row per variant: the first round's row with each time replaced by its median over the rounds that
+    measured it, and `spread` (min, max) beside; a variant that failed in any round keeps that round's error."""
+    rows = []
+    for samples in zip(*rounds):
+        failed = next((row for row in samples if row["error"]), None)
+        if failed is not None or len(samples) == 1:
+            rows.append(failed or samples[0])
+            continue
+        row = {**samples[0], "rounds": len(samples), "spread": {}}
+        for key in TIMED:
+            values = [r[key] for r in samples if r.get(key) is not None]
+            if values:
+                row[key] = statistics.median(values)
+                row["spread"][key] = (min(values), max(values))
+        rows.append(row)
+    return rows
+
+
+def run_study(args: argparse.Namespace, overrides: list[str], config_caches: bool, workdir: Path) -> list[dict]:
+    """`args.repeats` rounds of every variant, each round in folders (and caches) of its own; combined rows."""
+    rounds = []
+    for number in range(args.repeats):
+        round_dir = workdir / f"round{number}"
+        round_dir.mkdir()
+        label = f"round {number + 1}/{args.repeats} " if args.repeats > 1 else ""
+        rounds.append(run_round(args, overrides, config_caches, round_dir, label))
+        if rounds[-1][0]["error"]:
+            break  # eager failed: the other rounds would too
+    if len({len(r) for r in rounds}) > 1:  # a round stopped early: compare only complete ones
+        rounds = [r for r in rounds if len(r) == len(rounds[0])][:1]
+    return with_speedups(combine_rounds(rounds))
+
+
+def busy_machine_warning(load: float, cores: int) -> str | None:
+    """One warning line when other work competes for the cores (load average over half of them), else None."""
+    if load <= cores / 2:
+        return None
+    return (f"warning: the machine is busy (load average {load:.1f} on {cores} cores) before the study: other work "
+            f"competes with the variants and single timings vary by tens of percent; compare rows of one study "
+            f"only, and use --repeats 3 (or a quiet machine) before drawing conclusions")
+
+
+CPU_CACHE_NOTE = ("note: on a CPU the portable compile cache cannot carry the compiled C++ kernels (torch leaves "
+                  "their shared objects out of the artifacts), so its row still builds them and saves less than "
+                  "the warm local cache (docs/benchmarks.md, compile caches)")
 
 
 def main(argv: list[str]) -> int:
@@ -289,6 +355,9 @@ def main(argv: list[str]) -> int:
     except (UsageError, DtrainError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    warning = busy_machine_warning(os.getloadavg()[0], os.cpu_count() or 1)
+    if warning:
+        print(warning, file=sys.stderr)
     try:
         with tempfile.TemporaryDirectory(prefix="compile_study_") as workdir:
             rows = run_study(args, overrides, cfg.compile.cache, Path(workdir))
@@ -300,6 +369,12 @@ def main(argv: list[str]) -> int:
     print(f"config {args.config}, {args.steps} steps, {args.nproc} process(es) on {'cuda' if cuda else 'cpu'}, "
           f"torch {torch.__version__}" + (f", overrides: {' '.join(overrides)}" if overrides else ""))
     print(format_table(rows))
+    if args.repeats > 1:
+        print(f"each time: the median of {args.repeats} rounds (range in brackets)")
+    if warning:
+        print(warning)  # beside the table, which is what gets copied
+    if args.cache and not cuda:
+        print(CPU_CACHE_NOTE)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 1 if any(row["error"] for row in rows) else 0

@@ -148,6 +148,7 @@ def test_each_variant_runs_in_this_environment_with_its_own_inductor_cache(tmp_p
     (["--training.steps", "20"], "error: --training.steps is set by compile_study.py per variant (use --steps)"),
     (["--compile.no_enable"], "error: --compile.enable is set by compile_study.py per variant (use --modes)"),
     (["--model.nope", "1"], "error: unknown key model.nope"),
+    (["--repeats", "0"], "error: --nproc and --repeats must be >= 1 and --timeout > 0 (got 1, 0 and 3600"),
 ])
 def test_bad_arguments_get_one_line_and_exit_code_2(args, message, capsys):
     if "CUDA" in message and torch.cuda.is_available():
@@ -155,6 +156,37 @@ def test_bad_arguments_get_one_line_and_exit_code_2(args, message, capsys):
     assert compile_study.main(["--config", "debug_model", *args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith(message), err
+
+
+def _row(variant, mode, compile_s, steady_s, error=None):
+    return {"variant": variant, "mode": mode, "error": error, "compile_time_s": compile_s, "first_step_s": 1.0,
+            "steady_step_s": steady_s, "peak_memory_gib": 0.5, "graph_breaks": 0, "recompiles": 0,
+            "fx_graph_cache": None}
+
+
+def test_rounds_combine_into_medians_with_their_ranges():
+    rounds = [[_row("eager", None, None, s), _row("compile default", "default", c, s / 2)]
+              for c, s in ((10.0, 0.30), (14.0, 0.20), (11.0, 0.22))]
+    eager, compiled = compile_study.with_speedups(compile_study.combine_rounds(rounds))
+    assert eager["steady_step_s"] == pytest.approx(0.22) and eager["spread"]["steady_step_s"] == (0.20, 0.30)
+    assert compiled["compile_time_s"] == 11.0 and compiled["spread"]["compile_time_s"] == (10.0, 14.0)
+    assert compiled["speedup"] == pytest.approx(2.0)
+    row = compile_study.format_table([eager, compiled]).splitlines()[3]
+    assert row.startswith("| compile default | 11.0 (10.0–14.0) | 1.00 | 110.0 (100.0–150.0) | 2.00 |"), row
+
+
+def test_a_variant_that_failed_in_one_round_shows_that_error():
+    rounds = [[_row("eager", None, None, 0.2), _row("compile default", "default", 10.0, 0.1)],
+              [_row("eager", None, None, 0.2), _row("compile default", "default", None, None, error="boom")]]
+    eager, compiled = compile_study.combine_rounds(rounds)
+    assert compiled["error"] == "boom" and eager["error"] is None
+
+
+def test_a_busy_machine_is_named_and_a_quiet_one_is_not():
+    assert compile_study.busy_machine_warning(0.9, 2) is None
+    warning = compile_study.busy_machine_warning(3.4, 2)
+    assert warning.startswith("warning: the machine is busy (load average 3.4 on 2 cores)")
+    assert "--repeats 3" in warning and "\n" not in warning
 
 
 @pytest.mark.slow
