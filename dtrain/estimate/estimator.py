@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ from dtrain.parallelize import FamilySpec
 from dtrain.parallelize.pipeline_bubble import bubble_fraction
 from dtrain.parallelize.pipeline_split import StageModule, split_model
 from dtrain.run.hf_start import HFStart
-from dtrain.run.layout import build_layout, check_layout, parallel_dims
+from dtrain.run.layout import ParallelLayout, build_layout, check_layout, parallel_dims
 from dtrain.run.memory_preflight import MemoryEstimate, Workload, estimate_memory
 from dtrain.run.model_args import base_args, typed_overrides
 from dtrain.run.prepare import model_args, model_description, model_family
@@ -94,6 +94,20 @@ class Estimate:
     def tokens_per_s_per_device(self) -> float:
         return self.tokens_per_step / self.step_time_s / self.world_size
 
+    @property
+    def memory_budget_bytes(self) -> int:
+        return int(self.hardware.memory_gib * 2**30)
+
+    @property
+    def fits(self) -> bool:
+        """Whether every rank's estimated peak is within the device's memory."""
+        return self.busiest.memory.total <= self.memory_budget_bytes
+
+    @property
+    def exposed_comm_s(self) -> float:
+        """The communication that adds to the step (not overlapped with compute)."""
+        return sum(self.comm_time_s[c.name] for c in self.busiest.collectives if not c.overlapped)
+
     def mfu(self, dtype: str) -> float:
         return self.flops_per_token * self.tokens_per_s_per_device / self.hardware.peak_flops(dtype)
 
@@ -113,7 +127,8 @@ class Estimate:
             "world_size": self.world_size,
             "hardware": self.hardware.name,
             "layout": self.description,
-            "device_memory_bytes": int(self.hardware.memory_gib * 2**30),
+            "device_memory_bytes": self.memory_budget_bytes,
+            "fits": self.fits,
             "bubble_fraction": self.bubble_fraction,
             "comm_bytes_per_step": self.busiest.comm_bytes,
             "comm_time_s": self.comm_time_s,
@@ -137,6 +152,14 @@ def recompute_factor(ac: ActivationCheckpoint) -> float:
     return 1.0
 
 
+def ac_description(ac: ActivationCheckpoint) -> str:
+    """The AC mode as the report names it: selective AC with its option (every Nth block, or by op)."""
+    if ac.mode != "selective":
+        return ac.mode
+    option = ac.selective_ac_option
+    return f"selective (1 block in {option})" if option.isdigit() else f"selective by {option}"
+
+
 def _vocab_size(cfg: JobConfig, family: FamilySpec, start: HFStart | None, notes: list[str]) -> int:
     """The tokenizer's vocabulary, or, when the tokenizer is not on this machine (planning a run before
     downloading anything), the model's own: its flavor's or [model.args]', or that of the config.json it starts
@@ -150,9 +173,10 @@ def _vocab_size(cfg: JobConfig, family: FamilySpec, start: HFStart | None, notes
         return shape.vocab_size
 
 
-def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
+def estimate(cfg: JobConfig, world_size: int, hardware: Hardware, parts_cache: dict | None = None) -> Estimate:
     """Estimate the run `cfg` describes on `world_size` devices of `hardware`; reads the whole config: it is a
-    tool over the whole run."""
+    tool over the whole run. `parts_cache` (a dict shared by estimates of variants of one run, as the advice's
+    are) keeps the parallelized model parts between them (`_parallelized_parts`)."""
     notes: list[str] = []
     family, start = model_family(cfg)  # as training resolves them: a run's config.toml may name no flavor
     args = model_args(cfg, family.model, _vocab_size(cfg, family, start, notes), start)
@@ -168,10 +192,7 @@ def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
         with fake_world(rank, world_size) as world:
             layout = build_layout(cfg, world, family, args)
             plan = layout.plan
-            with torch.device("meta"):
-                model = family.model.model_cls(args)
-            pieces = split_model(model, plan, layout.rank.pp_rank) if plan else [StageModule(0, model)]
-            parts = [family.parallelize(p.module, layout.mesh, layout.dims, layout.options) for p in pieces]
+            parts = _parallelized_parts(cfg.model.name, family, args, layout, parts_cache)
             workload = Workload.of(cfg.training, cfg.optimizer, layout)
             memory = estimate_memory(parts, args, layout, workload, device)
             local = sum(_local_numel(p) for part in parts for p in part.parameters())
@@ -212,45 +233,40 @@ def estimate(cfg: JobConfig, world_size: int, hardware: Hardware) -> Estimate:
     description = (
         f"{model_description(cfg.model, cfg.checkpoint)}, {world_size} x {hardware.name}: dp_replicate "
         f"{dims.dp_replicate}, dp_shard {dims.dp_shard}, tp {dims.tp}, pp {dims.pp}, cp {dims.cp}, ep {dims.ep}; "
-        f"global batch {global_batch} x {seq_len}, AC {cfg.activation_checkpoint.mode}, {t.mixed_precision_param}"
+        f"global batch {global_batch} x {seq_len}, AC {ac_description(cfg.activation_checkpoint)}, "
+        f"{t.mixed_precision_param}"
     )
     return Estimate(world_size, hardware, description, stages, bubble, flops_per_token, tokens, step_s, compute_s,
                     comm_s, args, notes)
 
 
+def _parallelized_parts(model_name: str, family: FamilySpec, args: DecoderArgs, layout: ParallelLayout,
+                        cache: dict | None) -> list[torch.nn.Module]:
+    """This rank's model parts, split into its pipeline stages and parallelized, on the meta device: the expensive
+    part of an estimate (seconds for a 126-layer model). With `cache`, they are kept by what shapes their
+    parameters: the model, the degrees, this rank, the stages and the parallelize options other than activation
+    checkpointing and CPU offload, which wrap blocks or move states but change no parameter's shape (the memory
+    terms read both from the layout, not from the parts). So a variant that changes only the batch, AC, the
+    optimizer or offload is re-estimated without rebuilding, and gives the same numbers as a fresh estimate
+    (tests/estimate/test_estimate_advice.py)."""
+    key = None
+    if cache is not None:
+        options = replace(layout.options, ac_mode="none", selective_ac_option="2", memory_budget=0.5, cpu_offload=False)
+        plan = layout.plan
+        stages = (plan.schedule, plan.pp, plan.stage_modules) if plan else None
+        key = repr((model_name, args, layout.dims, options, stages, layout.rank))
+        if key in cache:
+            return cache[key]
+    with torch.device("meta"):
+        model = family.model.model_cls(args)
+    plan = layout.plan
+    pieces = split_model(model, plan, layout.rank.pp_rank) if plan else [StageModule(0, model)]
+    parts = [family.parallelize(p.module, layout.mesh, layout.dims, layout.options) for p in pieces]
+    if key is not None:
+        cache[key] = parts
+    return parts
+
+
 def _local_numel(param: torch.Tensor) -> int:
     local = param.to_local() if hasattr(param, "to_local") else param
     return local.numel()
-
-
-def gib(value: float) -> str:
-    return f"{value / 2**30:,.2f} GiB"
-
-
-def format_report(result: Estimate, dtype: str) -> str:
-    """The estimate as the lines a person reads."""
-    lines = [result.description]
-    memory_budget = result.hardware.memory_gib * 2**30
-    for s in result.stages:
-        m = s.memory
-        fits = "fits" if m.total <= memory_budget else "DOES NOT FIT"
-        lines.append(
-            f"stage {s.stage} (rank {s.rank}): total {gib(m.total)} of {result.hardware.memory_gib:.1f} GiB ({fits}): "
-            f"params {gib(m.params)}, grads {gib(m.grads)}, "
-            + (f"DDP grad buckets {gib(m.grad_buckets)}, " if m.grad_buckets else "")
-            + f"optimizer {gib(m.optimizer)}, activations "
-            f"{gib(m.activations)}, gathered params {gib(m.gathered)}, batches {gib(m.batches)}"
-        )
-    busiest = result.busiest
-    for c in busiest.collectives:
-        how = "overlapped" if c.overlapped else "exposed"
-        lines.append(f"comm {c.name} over {c.dim} ({c.group_size}): {c.bytes / 1e9:,.2f} GB/step, "
-                     f"{result.comm_time_s[c.name] * 1e3:,.1f} ms ({how})")
-    lines.append(
-        f"pipeline bubble {100 * result.bubble_fraction:.1f}%; compute {result.compute_time_s * 1e3:,.1f} ms; step "
-        f"{result.step_time_s:,.3f} s; {result.tokens_per_s_per_device:,.0f} tokens/s/device; MFU "
-        f"{100 * result.mfu(dtype):.1f}%"
-    )
-    lines += [f"note: {note}" for note in result.notes]
-    return "\n".join(lines)
-
