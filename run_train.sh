@@ -61,6 +61,9 @@ if [ "$check" = 3 ]; then exit 0; fi
 if [ "$check" != 0 ]; then exit "$check"; fi
 
 export LOG_RANK="$log_rank"
+# A launcher killed by SIGKILL cannot remove its launch folder: the workers do once it is gone (parent_watch.py).
+# exec keeps this shell's pid, so $$ is the launcher's.
+export DTRAIN_LAUNCH_DIR="$launch_dir" DTRAIN_LAUNCHER_PID="$$"
 # torchrun runs under dtrain/reliability/launcher.py: the run ends with the first failing rank's one line, torchrun's own
 # report goes to a file in the run folder, and signals reach torchrun once.
 exec python -m dtrain.reliability.launcher "$launch_dir" torchrun --nproc_per_node "$nproc" "${rendezvous[@]}" \

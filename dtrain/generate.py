@@ -88,9 +88,9 @@ def resolve_checkpoint(path: Path, hf: bool) -> Path:
     if is_leftover(path):
         committed = scan_checkpoints(path.parent).committed
         latest = f"the latest committed one is {committed[-1].path}" if committed else "none beside it is committed"
-        raise ConfigError(
-            f"--checkpoint {path} is uncommitted (a save that never finished) and is never loaded; {latest}"
-        )
+        why = {".partial": "a save that never finished", ".replaced": "an older copy being replaced",
+               ".deleting": "a checkpoint being deleted by keep_latest_k"}[path.suffix]
+        raise ConfigError(f"--checkpoint {path} is uncommitted ({why}) and is never loaded; {latest}")
     if hf or is_dcp_checkpoint(path):
         return path
     folder = path

@@ -1,14 +1,43 @@
-"""Checks of the [checkpoint] section that can run before any process group or run directory exists."""
+"""Checks of the [checkpoint] section that can run before any process group or run directory exists, and of what a
+resume may change against the checkpoint it continues.
+
+What a resume (the same run folder, the same command plus a change) may change, and why:
+- `model.name`, `model.flavor`, `[model.args]`: never, for a resume continues the same model. The checkpoint
+  records the family, flavor and every resolved arg (`model_record`); a different family or any different arg is
+  refused in one line, even one that keeps every weight's shape (n_heads with n_kv_heads, rope_theta, norm_eps,
+  fewer layers: the load would take a subset of the weights or compute another function with them). A new flavor
+  that resolves to the same args continues. The args that are the run's to choose (the family's RUN_FIELDS:
+  max_seq_len, which follows training.seq_len, and a MoE's balancing settings) may change.
+- `training.seq_len`, the global batch (`training.global_batch_size`, else `training.local_batch_size` x the
+  data-parallel ranks): the weights, optimizer, schedule, step and random state would continue soundly, but the
+  data position counts sequences of the saved length and batch, so it cannot continue exactly: refused in one line,
+  unless `checkpoint.exclude_from_loading = ["dataloader"]` is set, which continues everything else with the data
+  from the beginning of the dataset (sequences seen before are seen again). A new local batch size with the same
+  global batch (gradient accumulation) or a new data-parallel size continues exactly.
+Checkpoints saved before the model was recorded are checked by their weights' names and shapes only.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dtrain.config.schema import Checkpoint
-from dtrain.errors import ConfigError
+from dtrain.config.schema import Checkpoint, Model
+from dtrain.config.values import show_value
+from dtrain.errors import ConfigError, DtrainError
+from dtrain.parallelize import get_family
 from dtrain.precision.low_bit_optim import low_bit_format
+
+if TYPE_CHECKING:
+    from dtrain.checkpoint.context import RunContext
+    from dtrain.checkpoint.folders import CommitRecord
+
+logger = logging.getLogger("dtrain")
 
 # Parts of the TrainState a resume may skip; the model and the step counters are what a checkpoint is.
 EXCLUDABLE_PARTS = ("optimizer", "lr_scheduler", "dataloader")
@@ -64,3 +93,76 @@ def check_checkpoint_config(c: Checkpoint, optimizer_name: str, world_size: int)
             f"checkpoint.create_seed_checkpoint runs in one process (got {world_size}); run it with NPROC=1, "
             "then start the real run on any layout"
         )
+
+
+def model_record(model: Model, model_args: Any) -> dict[str, Any]:
+    """What a checkpoint records of the model it holds: family, flavor and every resolved arg, as JSON values (so
+    that the record read back compares equal); empty without model args (tests, tools)."""
+    if not dataclasses.is_dataclass(model_args):
+        return {}
+    args = json.loads(json.dumps(dataclasses.asdict(model_args), default=str))
+    return {"name": model.name, "flavor": model.flavor, "args": args}
+
+
+def check_resume_changes(ctx: RunContext, path: Path, record: CommitRecord) -> None:
+    """Refuse in one line what this resume changed against checkpoint `path` that it cannot continue (the module
+    docstring says what and why); log what it continues despite a change."""
+    _check_same_model(path, record.model, model_record(ctx.model, ctx.model_args))
+    if record.model_only or not record.data:
+        return  # weights only: no data position to continue
+    saved, now, t = record.data, ctx.data_layout(), ctx.training
+    changes = []
+    if saved.get("seq_len") != now["seq_len"]:
+        changes.append((f"training.seq_len = {now['seq_len']}", saved.get("seq_len"), "sequences of that length",
+                        f"training.seq_len = {saved.get('seq_len')}"))
+    if saved.get("global_batch") != now["global_batch"]:
+        batch = (
+            "training.global_batch_size" if t.global_batch_size > 0
+            else f"training.local_batch_size {t.local_batch_size} x {now['dp_size']} data-parallel rank(s)"
+        )
+        changes.append((f"the global batch ({batch}) of {now['global_batch']} sequences", saved.get("global_batch"),
+                        "batches of that size", f"training.global_batch_size = {saved.get('global_batch')} (any "
+                        "training.local_batch_size that divides it continues exactly)"))
+    for what, old, unit, keep in changes:
+        if "dataloader" in ctx.checkpoint.exclude_from_loading:
+            logger.info(
+                f"checkpoint: {what} differs from checkpoint {path}'s {old}: weights, optimizer and schedule "
+                "continue, the data starts from its beginning (checkpoint.exclude_from_loading = dataloader)"
+            )
+            continue
+        raise DtrainError(
+            f"{what} differs from checkpoint {path}'s {old}: its data position counts {unit} and cannot continue; "
+            f"resume with {keep}, or set checkpoint.exclude_from_loading = [\"dataloader\"] to continue the weights, "
+            "optimizer and schedule with the data from its beginning, or start a new job.dump_folder"
+        )
+
+
+def _check_same_model(path: Path, saved: dict[str, Any], now: dict[str, Any]) -> None:
+    if not saved or not now:
+        return
+    new_run = (
+        f"or start a new run in a new job.dump_folder (checkpoint.initial_load_path = {path} loads its weights where "
+        "their shapes fit)"
+    )
+    if saved["name"] != now["name"]:
+        raise DtrainError(
+            f"model.name = {now['name']} differs from checkpoint {path}'s {saved['name']}: a resume continues the "
+            f"same model; set model.name = {saved['name']} (model.flavor = {saved['flavor'] or 'none'}), {new_run}"
+        )
+    # The run's to choose; and tie_word_embeddings, which restore.check_tying refuses naming its own key.
+    free = (*get_family(now["name"]).model.hf_adapter.RUN_FIELDS, "tie_word_embeddings")
+    old_args, new_args = saved["args"], now["args"]
+    changed = [k for k in {**old_args, **new_args} if k not in free and old_args.get(k) != new_args.get(k)]
+    via = f" (model.flavor {saved['flavor'] or 'none'} -> {now['flavor'] or 'none'})"
+    via = via if saved["flavor"] != now["flavor"] else ""
+    if changed:
+        key = changed[0]
+        old, new = show_value(old_args.get(key)), show_value(new_args.get(key))
+        more = f" (as do {', '.join(f'model.args.{k}' for k in changed[1:])})" if len(changed) > 1 else ""
+        keep = f"model.flavor = {saved['flavor'] or 'none'}" if via else f"model.args.{key} = {old}"
+        raise DtrainError(
+            f"model.args.{key} = {new}{via} differs from checkpoint {path}'s {old}{more}: a resume continues the "
+            f"same model; set {keep}, {new_run}"
+        )
+    if via:
+        logger.info(f"checkpoint: model.flavor {saved['flavor']} -> {now['flavor']} resolves to the same model args")

@@ -3,6 +3,7 @@
     <job.dump_folder>/<checkpoint.folder>/
         step-40/                 committed: the DCP files (.metadata, __<rank>_<n>.distcp) and dtrain_commit.json
         step-50.partial/         being written, or left behind by a crash: never loaded, reported at start-up
+        step-20.deleting/        being deleted by keep_latest_k (renamed first): never loaded, removed later
 
 A checkpoint is written under `step-N.partial`, verified (the DCP metadata reads back and every file it refers to
 is there and long enough), given its commit record, and only then renamed to `step-N`. A rename within one folder
@@ -34,10 +35,15 @@ from dtrain.reliability.durable import fsync_path
 COMMIT_FILE = "dtrain_commit.json"
 PARTIAL_SUFFIX = ".partial"
 REPLACED_SUFFIX = ".replaced"
+# A committed checkpoint is renamed to this before keep_latest_k deletes it: a deletion cut short (kill -9) leaves a
+# leftover, never a `step-N` without its record that could be anybody's checkpoint.
+DELETING_SUFFIX = ".deleting"
 # The kind of a final save written as Hugging Face safetensors with config.json (checkpoint.last_save_in_hf).
 HF_KIND = "hf"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_LEFTOVER_DIR = re.compile(rf"^step-(\d+)({re.escape(PARTIAL_SUFFIX)}|{re.escape(REPLACED_SUFFIX)})$")
+_LEFTOVER_DIR = re.compile(
+    rf"^step-(\d+)({re.escape(PARTIAL_SUFFIX)}|{re.escape(REPLACED_SUFFIX)}|{re.escape(DELETING_SUFFIX)})$"
+)
 
 
 class DamagedCheckpoint(Exception):
@@ -74,6 +80,9 @@ class CommitRecord:
     # {file: {byte offset: digest}} of every stored item and of .metadata (checksums.py); empty in older records.
     checksums: dict = field(default_factory=dict)
     checksum_algorithm: str = ""
+    # The model it holds: {"name", "flavor", "args": every resolved arg} (config_checks.model_record), so that a resume
+    # can refuse another model; empty in older records and where the saver had no model args.
+    model: dict = field(default_factory=dict)
 
     @property
     def model_only(self) -> bool:
@@ -134,8 +143,8 @@ def scan_checkpoints(folder: Path) -> FolderScan:
 
 
 def is_leftover(path: Path) -> bool:
-    """Whether `path` is a `step-N.partial` (a save that never committed) or `step-N.replaced` (an older copy being
-    replaced) folder: never loaded, whatever files it holds."""
+    """Whether `path` is a `step-N.partial` (a save that never committed), `step-N.replaced` (an older copy being
+    replaced) or `step-N.deleting` (a checkpoint being pruned) folder: never loaded, whatever files it holds."""
     return bool(_LEFTOVER_DIR.match(path.name))
 
 
@@ -243,35 +252,47 @@ def commit(partial: Path, final: Path, record: CommitRecord) -> CommitRecord:
 
 
 def prune(folder: Path, keep_latest_k: int, keep: Path) -> list[Path]:
-    """Delete committed checkpoints beyond the newest `keep_latest_k` (0 keeps all), and our own leftovers
-    (`.partial`, `.replaced`) of steps before the newest committed one.
+    """Delete committed checkpoints beyond the newest `keep_latest_k` (0 keeps all), each renamed to
+    `step-N.deleting` first, and our own leftovers (`.partial`, `.replaced`, `.deleting`) of steps before the newest
+    committed one.
 
     `keep` (the checkpoint just committed) is never deleted, whatever its step. A `step-N` folder without a record
     may be something the user put there (say, a torchtitan checkpoint), so it is reported, never deleted.
     Returns the deleted folders.
     """
     scan = scan_checkpoints(folder)
-    doomed: list[Path] = []
+    removed: list[Path] = []
+    doomed: list[Path] = []  # what is deleted: a pruned checkpoint under its `.deleting` name
     if keep_latest_k > 0:
         others = [c for c in scan.committed if c.path != keep]
-        doomed += [c.path for c in others[: max(len(others) - (keep_latest_k - 1), 0)]]
+        for old in others[: max(len(others) - (keep_latest_k - 1), 0)]:
+            deleting = old.path.with_name(old.path.name + DELETING_SUFFIX)
+            try:
+                os.replace(old.path, deleting)
+            except OSError:  # left for the next pruning: retention never fails a save
+                continue
+            removed.append(old.path)
+            doomed.append(deleting)
     newest = max((c.step for c in scan.committed), default=-1)
     for leftover in scan.incomplete:
         match = _LEFTOVER_DIR.match(leftover.name)
         if match and int(match.group(1)) < newest:
+            removed.append(leftover)
             doomed.append(leftover)
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
-    return doomed
+    return removed
 
 
 def remove_partials(folder: Path) -> list[Path]:
-    """Delete the `step-N.partial` folders in `folder`: saves that never committed (a crash, a full disk).
+    """Delete the `step-N.partial` folders in `folder` (saves that never committed: a crash, a full disk) and the
+    `step-N.deleting` ones (a pruning cut short).
 
     Called once a run is accepted, so that they neither fill the disk nor stand in a later save's way; never a
     `.replaced` folder (it may hold the only copy of a committed step) nor anything without our suffix.
     """
-    partials = [p for p in scan_checkpoints(folder).incomplete if p.name.endswith(PARTIAL_SUFFIX)]
+    suffixes = (PARTIAL_SUFFIX, DELETING_SUFFIX)
+    partials = [p for p in scan_checkpoints(folder).incomplete if p.name.endswith(suffixes)]
     for path in partials:
         shutil.rmtree(path, ignore_errors=True)
     return partials

@@ -29,8 +29,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from dtrain.checkpoint import dcp_io
+from dtrain.checkpoint.config_checks import model_record
 from dtrain.checkpoint.context import RunContext
 from dtrain.checkpoint.folders import (
+    DELETING_SUFFIX,
     HF_KIND,
     CommitRecord,
     DamagedCheckpoint,
@@ -117,7 +119,8 @@ class CheckpointManager:
         # A load_only run writes nothing into the checkpoint folder, not even a cleanup.
         if self.cfg.enable and not self.cfg.load_only and self.ctx.rank == 0:
             for path in remove_partials(self.folder):
-                logger.warning(f"checkpoint: removed {path}, left by a save that never completed")
+                cut_short = "a deletion (keep_latest_k)" if path.name.endswith(DELETING_SUFFIX) else "a save"
+                logger.warning(f"checkpoint: removed {path}, left by {cut_short} that never completed")
         return startup
 
     # -- saving -------------------------------------------------------------------------------------------------
@@ -211,7 +214,10 @@ class CheckpointManager:
         partial, final = partial_dir(self.folder, step), step_dir(self.folder, step)
         if self.ctx.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)  # left by a crash in an earlier attempt at this step
-            partial.mkdir(parents=True)
+            try:
+                partial.mkdir(parents=True)
+            except OSError as err:  # the folder turned read-only, or full, or lost to permissions mid-run
+                raise save_failed(partial, "save", err) from None
         if self.ctx.group is not None:
             dist.barrier(group=self.ctx.group)
         return partial, final
@@ -232,6 +238,7 @@ class CheckpointManager:
             tie_word_embeddings=getattr(ctx.model_args, "tie_word_embeddings", None),
             optimizer=ctx.optimizer.name if kind == "full" else "",
             optimizer_grouping=param_grouping(ctx.optimizer) if kind == "full" else "",
+            model=model_record(ctx.model, ctx.model_args),
         )
 
     def save_seed_checkpoint(self) -> Path:
@@ -301,6 +308,8 @@ class CheckpointManager:
             commit(partial, final, record)
         except DamagedCheckpoint as err:
             raise DtrainError(f"checkpoint step-{record.step} failed verification after writing: {err}") from None
+        except OSError as err:  # the record or the rename refused (say, the folder turned read-only): not committed
+            raise save_failed(partial, "commit", err) from None
         removed = prune(self.folder, self.cfg.keep_latest_k, keep=final)
         kind = f"weights only, {record.dtype}" if record.model_only else "full state"
         if record.kind == HF_KIND:

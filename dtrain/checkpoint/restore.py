@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from dtrain.checkpoint import dcp_io
 from dtrain.checkpoint.checksums import ChecksumMismatch
+from dtrain.checkpoint.config_checks import check_resume_changes
 from dtrain.checkpoint.context import RunContext
 from dtrain.checkpoint.folders import (
     COMMIT_FILE,
@@ -252,6 +253,8 @@ def _source(record: CommitRecord | None) -> str:
 
 def _apply(ctx: RunContext, plan: _Plan) -> None:
     record = plan.record
+    if record is not None and plan.rule == "resume":
+        check_resume_changes(ctx, plan.path, record)  # another model, seq_len or batch: config_checks.py says why
     if record is not None:
         check_tying(plan.path, record, ctx.model_args)
     if record is not None and (record.world_size, record.parallelism) != (ctx.world_size, ctx.parallel_degrees()):

@@ -11,12 +11,17 @@
   left in LAUNCH_DIR/errors (`record_failure`, called by dtrain.main), else torchrun's last line when no worker
   got to report; the log is kept in the run folder (named in LAUNCH_DIR/run_dir by the launch check) as
   torchrun-<time>.log;
+- names the rank that stopped making progress when a peer's collective timed out waiting for it (StallWatch): a
+  worker stopped by a signal (SIGSTOP: it acts on nothing but SIGKILL and SIGCONT) is ended with SIGKILL as soon
+  as a peer has failed, instead of 30 s later by torchrun, and a worker still running 30 s after torchrun's
+  SIGTERM (hung) is named from torchrun's log; neither is then blamed as "killed by SIGKILL";
 - dies with torchrun's whole tree: torchrun gets SIGKILL from the kernel when the launcher dies (even of
   SIGKILL: PR_SET_PDEATHSIG), and the workers end once torchrun is gone (parent_watch.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import os
@@ -75,6 +80,12 @@ _REPORTED_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank")
 _REPORTED_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+) ")
 # NCCL's watchdog aborts the survivors of a failed peer: a SIGABRT is more often a consequence than a cause.
 _SECONDARY_SIGNALS = {signal.SIGABRT}
+# torchrun ends the workers of a failed attempt with SIGTERM and, those still running 30 s later, with SIGKILL:
+# "Unable to shutdown process 123 via 15, forcefully exiting via 9" names such a hung worker by its PID.
+_FORCED_KILL = re.compile(r"Unable to shutdown process (\d+) via")
+# How the trainer's line for a collective that timed out begins (dtrain/run/train.py `timed_out`): a peer stopped
+# making progress.
+COLLECTIVE_TIMEOUT = "a collective timed out"
 
 
 def killed_ranks(report: Path) -> list[tuple[str, str]]:
@@ -91,6 +102,97 @@ def killed_ranks(report: Path) -> list[tuple[str, str]]:
     return sorted(killed.items(), key=lambda item: int(item[0]))
 
 
+def _boot_time() -> float:
+    with open("/proc/stat") as stat:
+        return float(next(line.split()[1] for line in stat if line.startswith("btime ")))
+
+
+def _process_state(pid: int) -> tuple[str, int, float] | None:
+    """(state letter, parent PID, start time as time.time()) of a live process from /proc/PID/stat, or None once
+    it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(") ", 1)[1].split()  # after the command name, which may hold spaces
+        started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, StopIteration):
+        return None
+    return fields[0], int(fields[1]), started
+
+
+def _worker_rank(pid: int) -> str | None:
+    """The RANK torchrun gave the worker `pid` (its environment at start), or None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            variables = dict(v.split(b"=", 1) for v in environ.read().split(b"\0") if b"=" in v)
+    except OSError:
+        return None
+    rank = variables.get(b"RANK")
+    return rank.decode() if rank is not None else None
+
+
+class StallWatch:
+    """Watches torchrun's workers while it runs (Linux /proc; elsewhere it watches nothing).
+
+    Once a worker has recorded a failure (before that it only reads the launch folder's few error records), it
+    learns each worker's rank (to name a worker torchrun's log knows only by PID) and ends with SIGKILL every
+    worker that started before that failure and is stopped by a signal (state T): a stopped process acts on no
+    other signal, so torchrun's SIGTERM would leave it, and the run, waiting 30 s for torchrun's own SIGKILL.
+    Those ranks are `stopped`.
+    """
+
+    INTERVAL_S = 0.5
+
+    def __init__(self, torchrun: int, error_dir: Path) -> None:
+        self.torchrun, self.error_dir = torchrun, error_dir
+        self.ranks: dict[int, str] = {}  # worker PID -> rank
+        self.stopped: list[str] = []
+        self.done = threading.Event()
+
+    def _workers(self) -> list[int]:
+        pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+        return [pid for pid in pids if (_process_state(pid) or ("", 0, 0.0))[1] == self.torchrun]
+
+    def poll(self) -> None:
+        try:
+            failed = [when for when, _, kind, _ in outcomes(self.error_dir) if kind == "failed"]
+        except ValueError:  # a record being written: read it next time
+            return
+        if not failed:
+            return
+        for pid in self._workers():
+            if pid not in self.ranks and (rank := _worker_rank(pid)) is not None:
+                self.ranks[pid] = rank
+            state = _process_state(pid)
+            # A worker of a later attempt (MAX_RESTARTS) started after the failure: it is not what failed.
+            if state and state[0] == "T" and state[2] < max(failed) and pid in self.ranks:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                if self.ranks[pid] not in self.stopped:
+                    self.stopped.append(self.ranks[pid])
+
+    def run(self) -> None:
+        if not Path("/proc/self/stat").is_file():
+            return
+        while not self.done.wait(self.INTERVAL_S):
+            self.poll()
+
+    def hung(self, report: Path) -> list[str]:
+        """Ranks torchrun's log says it had to SIGKILL for still running 30 s after its SIGTERM."""
+        pids = _FORCED_KILL.findall(report.read_text(errors="replace"))
+        return [self.ranks[int(pid)] for pid in pids if int(pid) in self.ranks]
+
+
+def stalled_ranks(watch: StallWatch | None, report: Path) -> dict[str, str]:
+    """{rank: how it stopped making progress} of the workers `watch` saw stopped or torchrun's log says hung."""
+    if watch is None:
+        return {}
+    stalled = {rank: "its process was stopped by a signal such as SIGSTOP; ended with SIGKILL"
+               for rank in watch.stopped}
+    for rank in watch.hung(report):
+        stalled.setdefault(rank, "it was still running 30 s after torchrun's SIGTERM; ended with SIGKILL")
+    return stalled
+
+
 def keep_report(report: Path, run_dir: Path | None) -> Path:
     """torchrun's log, copied into the run folder when there is one."""
     if run_dir is None or not run_dir.is_dir():
@@ -100,7 +202,8 @@ def keep_report(report: Path, run_dir: Path | None) -> Path:
     return kept
 
 
-def summary(error_dir: Path, report: Path, run_dir: Path | None, workers: int, signalled: str | None) -> str | None:
+def summary(error_dir: Path, report: Path, run_dir: Path | None, workers: int, signalled: str | None,
+            watch: StallWatch | None = None) -> str | None:
     """The launcher's last line when torchrun exited non-zero; None when every local worker finished cleanly
     after a forwarded signal (a preemption: torchrun reports its own signal as a failure)."""
     ended = outcomes(error_dir)
@@ -111,12 +214,21 @@ def summary(error_dir: Path, report: Path, run_dir: Path | None, workers: int, s
     # A rank killed by a signal (kill -9, the OOM killer) left no line, and its peers then fail with
     # secondary errors ("Connection reset by peer"): it, not the first of them, is what ended the run.
     recorded = {rank for _, rank, _, _ in ended}
-    killed = [(rank, name) for rank, name in killed_ranks(report) if rank not in recorded]
+    # A stopped or hung worker was killed by the launcher or torchrun after the run had failed: not a cause.
+    stalled = {rank: how for rank, how in stalled_ranks(watch, report).items() if rank not in recorded}
+    killed = [(rank, name) for rank, name in killed_ranks(report) if rank not in recorded and rank not in stalled]
     if killed:
         rank, name = killed[0]
         return f"error: rank {rank} was killed by {name} (torchrun's report: {kept})"
     if failures:
         rank, line = failures[0]
+        if COLLECTIVE_TIMEOUT in line and stalled:
+            # The rank that timed out only waited; the one that stopped making progress is what ended the run.
+            culprit = min(stalled, key=int)
+            return (
+                f"error: rank {culprit} stopped making progress ({stalled[culprit]}), and rank {rank} gave up "
+                f"waiting for it: {line.removeprefix('error: ')} (torchrun's report: {kept})"
+            )
         return f"error: {line.removeprefix('error: ')} (rank {rank} failed first; torchrun's report: {kept})"
     lines = [line.strip() for line in report.read_text(errors="replace").splitlines() if line.strip()]
     last = lines[-1] if lines else "no output"
@@ -152,6 +264,9 @@ def launch(launch_dir: Path, command: list[str]) -> int:
     launcher = os.getpid()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                start_new_session=True, preexec_fn=lambda: _die_with(launcher))
+    watch = StallWatch(process.pid, error_dir)
+    watcher = threading.Thread(target=watch.run, daemon=True)
+    watcher.start()
     signalled: list[str] = []
 
     def forward(signum: int, frame) -> None:
@@ -172,11 +287,13 @@ def launch(launch_dir: Path, command: list[str]) -> int:
         for reader in readers:
             reader.join()
     status = process.wait()
+    watch.done.set()
+    watcher.join()
     if status == 0:
         return 0
     run_dir_file = launch_dir / "run_dir"
     run_dir = Path(run_dir_file.read_text()) if run_dir_file.is_file() else None
-    line = summary(error_dir, report, run_dir, _workers(command), signalled[0] if signalled else None)
+    line = summary(error_dir, report, run_dir, _workers(command), signalled[0] if signalled else None, watch)
     if line is None:
         print(f"stopped on {signalled[0]}: every worker exited cleanly (rerun the same command to resume)",
               file=sys.stderr)

@@ -49,5 +49,5 @@ def test_a_refused_resume_leaves_the_run_folder_byte_for_byte_unchanged(tmp_path
     refused = run_train(*CHECKPOINTED, "--training.steps", "6", "--training.seq_len", "32",
                         "--job.dump_folder", str(run_dir))
     assert refused.returncode != 0
-    assert refused.stderr.strip().splitlines()[-1].startswith("error: checkpoint ")
+    assert refused.stderr.strip().splitlines()[-1].startswith("error: training.seq_len = 32 differs from checkpoint ")
     assert folder_snapshot(run_dir) == before

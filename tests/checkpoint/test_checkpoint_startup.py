@@ -108,7 +108,9 @@ def test_data_position_refuses_a_new_global_batch_but_not_a_new_dp_size(saved, c
     cfg.training.local_batch_size = 4
     with pytest.raises(DtrainError) as err:
         restore(cfg)
-    assert "global_batch 2 -> 4" in one_line(err) and 'exclude_from_loading = ["dataloader"]' in one_line(err)
+    line = one_line(err)
+    assert "(training.local_batch_size 4 x 1 data-parallel rank(s)) of 4 sequences differs" in line and "'s 2: " in line
+    assert 'exclude_from_loading = ["dataloader"]' in line
     cfg.training.local_batch_size = 1
     cfg.training.global_batch_size = 2  # same global batch over 2 dp ranks of 1 sequence each
     state = tiny_state(cfg, dp_rank=1, dp_size=2)

@@ -108,6 +108,10 @@ def test_a_run_folder_names_its_newest_checkpoint_and_a_partial_one_is_refused(r
         f"error: --checkpoint {partial} is uncommitted (a save that never finished) and is never loaded; "
         f"the latest committed one is {checkpoints / 'step-8'}"
     ]
+    deleting = shutil.copytree(step, checkpoints / "step-4.deleting")  # a pruning that a kill cut short
+    assert generate_main(["--checkpoint", str(deleting), *args]) != 0
+    assert "is uncommitted (a checkpoint being deleted by keep_latest_k)" in capsys.readouterr().err
+    shutil.rmtree(deleting)
     shutil.rmtree(checkpoints / "step-8")
     for named, message in [(partial, "uncommitted (a save that never finished) and is never loaded; none beside"),
                            (checkpoints, "with committed ones (only uncommitted step-16.partial)")]:

@@ -150,11 +150,14 @@ def test_kill_9_of_the_launcher_takes_the_whole_run_down(tmp_path):
         while any(alive(p) for p in [torchrun, *workers]):
             assert time.monotonic() < deadline, "torchrun or a worker outlived the launcher"
             time.sleep(0.1)
+        while os.path.exists(launch_dir):  # the workers removed it on their way out (parent_watch.py)
+            assert time.monotonic() < deadline, f"the killed launcher's launch folder {launch_dir} stayed behind"
+            time.sleep(0.1)
     finally:
         for pid in [torchrun, *workers]:  # leave nothing behind, even when the test fails
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(launch_dir, ignore_errors=True)  # the killed launcher could not remove it
+        shutil.rmtree(launch_dir, ignore_errors=True)
 
 
 @pytest.mark.slow
