@@ -312,7 +312,11 @@ class Checkpoint:
         "out: auto (tell by the names; refuse where they cannot, e.g. torchtitan v0.2 Qwen3), dtrain or torchtitan.",
         choices=("auto", "dtrain", "torchtitan"),
     )
-    last_save_model_only: bool = opt(True, "The final save holds model weights only.")
+    last_save_model_only: bool = opt(
+        False,
+        "The final save holds model weights only, in export_dtype (an export). Off by default, unlike torchtitan, "
+        "so that rerunning a finished run with more steps continues from its last step.",
+    )
     last_save_in_hf: bool = opt(
         False,
         "The final save is Hugging Face safetensors (with config.json) instead of DCP; needs last_save_model_only.",

@@ -134,6 +134,9 @@ DEFAULT_DIFFERENCES = {
     "activation_checkpoint.mode": ('"selective"', "no recomputation unless asked for"),
     "optimizer.implementation": ('"fused"', "fused or foreach where the device has them, so CPU runs work"),
     "debug.seed": ("unset (a random seed)", "every run is reproducible unless the seed changes"),
+    "checkpoint.last_save_model_only": (
+        "true", "a finished run continues from its last step when rerun with more steps; true for a weights-only export"
+    ),
     "quantize.linear.float8.recipe_name": ("unset (tensorwise)", "the same recipe, spelled out"),
     "quantize.linear.float8.filter_fqns": ("[]", "the head stays in high precision, as torchtitan's files set"),
     "quantize.linear.mx.recipe_name": (

@@ -13,7 +13,7 @@ from typing import Callable
 from run_train_helpers import REPO, TINY, read_metrics, run_train, user_env
 
 # TINY training with a checkpoint every 2 steps; the final save (step 8) holds the weights only.
-CHECKPOINTED = [*TINY, "--checkpoint.enable", "--checkpoint.interval", "2"]
+CHECKPOINTED = [*TINY, "--checkpoint.enable", "--checkpoint.interval", "2", "--checkpoint.last_save_model_only"]
 
 
 def start_train(*args: str) -> subprocess.Popen:

@@ -10,6 +10,7 @@ from checkpoint_helpers import TINY_ARGS, make_cfg, manager_for, tiny_state, tra
 
 from dtrain.checkpoint import scan_checkpoints
 from dtrain.checkpoint.folders import read_record
+from dtrain.config import JobConfig
 from dtrain.errors import DtrainError
 from dtrain.models.llama3 import Transformer
 from dtrain.step.rng import seed_everything
@@ -55,6 +56,24 @@ def test_finished_run_is_not_trained_again_and_longer_run_resumes_from_full_stat
         startup = manager_for(longer, tiny_state(longer)).restore_at_startup()
     assert (startup.step, startup.model_only) == (4, False)
     assert "skipping model-only step-6" in caplog.text
+
+
+def test_by_default_a_finished_run_continues_from_its_last_step_when_extended(run_dir):
+    """The final save holds the whole state unless last_save_model_only asks for an export, so rerunning with
+    more steps continues from the last step, even when it is the run's only checkpoint."""
+    default = JobConfig().checkpoint.last_save_model_only
+    assert default is False
+    cfg = make_cfg(run_dir, steps=3, interval=10, last_save_model_only=default)
+    state = tiny_state(cfg)
+    manager = manager_for(cfg, state)
+    train(state, manager, 3, cfg)
+    manager.close()
+    assert read_record(run_dir / "checkpoint" / "step-3").kind == "full"
+    longer = make_cfg(run_dir, steps=9, last_save_model_only=default)
+    resumed = tiny_state(longer)
+    startup = manager_for(longer, resumed).restore_at_startup()
+    assert (startup.rule, startup.step, startup.model_only) == ("resume", 3, False)
+    assert resumed.step == 3 and torch.equal(resumed.model_parts[0].output.weight, state.model_parts[0].output.weight)
 
 
 def test_only_model_only_checkpoints_mid_run_cannot_resume(run_dir):
