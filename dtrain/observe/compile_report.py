@@ -1,4 +1,5 @@
-"""What torch.compile did in this process: a report a person can act on, written once after the first step.
+"""What torch.compile did in this process: a report a person can act on, written after the first step and kept
+current over the run (compile_watch.py: a later recompile rewrites it, and it is written a last time at exit).
 
 Everything comes from what torch keeps anyway, so collecting it costs nothing while compiling:
 
@@ -16,6 +17,8 @@ counters are not limited. All of it is cumulative over the process.
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import logging
 import re
@@ -87,6 +90,7 @@ class FrameCompile:
 
     compile_id: str  # "<frame>/<recompile>": "0/1" is frame 0's first recompile
     name: str
+    qualname: str  # with its class: "TransformerBlock.forward"; the name the profiler tables give its graphs
     location: str  # file:first line of the compiled function
     total_s: float  # dynamo + AOT + inductor, including this frame's backward graph
     dynamo_s: float  # bytecode tracing, guards
@@ -98,6 +102,7 @@ class FrameCompile:
     graph_breaks: int  # breaks dynamo had seen in the process when this frame finished
     recompile_reason: str | None = None  # the guard that failed, for a recompile
     failure: str | None = None  # why the compile failed (the frame then ran eagerly)
+    step: int | None = None  # the training step after which the report first saw it (None outside a run)
 
 
 @dataclass
@@ -118,10 +123,12 @@ class CompileReport:
     graphs: int
     frames: list[FrameCompile] = field(default_factory=list)
     graph_breaks: list[GraphBreak] = field(default_factory=list)
-    recompiles: list[dict[str, str]] = field(default_factory=list)  # frame, location, compile_id, reason
+    recompiles: list[dict] = field(default_factory=list)  # frame, location, compile_id, reason, step
     cache: dict[str, dict[str, int]] = field(default_factory=dict)  # fx_graph / aot_autograd: hit, miss, bypass
     portable_cache: dict | None = None  # what compile.cache loaded before the first step: from, artifacts
     torch_version: str = torch.__version__
+    through_step: int | None = None  # the last training step the report covers
+    final: bool = False  # written when the training loop was left (done, preempted or failed): nothing follows
 
     @property
     def graph_break_count(self) -> int:
@@ -191,6 +198,7 @@ def _frames(metrics) -> list[FrameCompile]:
         frames[compile_id] = FrameCompile(
             compile_id=compile_id,
             name=str(m.co_name),
+            qualname=qualified_name(str(m.co_filename), int(m.co_firstlineno or 0), str(m.co_name)),
             location=f"{m.co_filename}:{m.co_firstlineno}",
             total_s=total,
             dynamo_s=total - backend,
@@ -249,7 +257,8 @@ def collect_compile_report() -> CompileReport:
         frames=frames,
         graph_breaks=_graph_breaks(dict(counters["graph_break"])),
         recompiles=[
-            {"frame": f.name, "location": f.location, "compile_id": f.compile_id, "reason": f.recompile_reason}
+            {"frame": f.qualname, "location": f.location, "compile_id": f.compile_id, "reason": f.recompile_reason,
+             "step": None}
             for f in frames
             if f.recompile_reason
         ],
@@ -260,15 +269,57 @@ def collect_compile_report() -> CompileReport:
     )
 
 
+def compiled_frame_names() -> dict[str, str]:
+    """``compile_id`` -> qualified name of every frame torch still keeps a record of (the last 64)."""
+    from torch._dynamo.utils import get_compilation_metrics
+
+    return {
+        str(m.compile_id): qualified_name(str(m.co_filename), int(m.co_firstlineno or 0), str(m.co_name))
+        for m in get_compilation_metrics()
+        if m.co_name is not None
+    }
+
+
+def qualified_name(filename: str, first_line: int, name: str) -> str:
+    """``Class.method`` for a method defined at ``filename:first_line`` (dynamo records only the bare name, and
+    every block's method is ``forward``); ``name`` itself when the source cannot say more."""
+    return _definitions(filename).get((first_line, name), name)
+
+
+@functools.lru_cache(maxsize=None)
+def _definitions(filename: str) -> dict[tuple[int, str], str]:
+    """(first line, name) -> qualified name of each function in a source file, read once per process."""
+    try:
+        tree = ast.parse(Path(filename).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    found: dict[tuple[int, str], str] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                qualname = f"{prefix}{child.name}"
+                # A code object's first line is its first decorator's.
+                for line in {child.lineno, *(decorator.lineno for decorator in child.decorator_list)}:
+                    found[(line, child.name)] = qualname
+                visit(child, f"{qualname}.<locals>.")
+
+    visit(tree, "")
+    return found
+
+
 def report_file(run_dir: Path, rank: int) -> Path:
     """``compile_report.json`` for rank 0, ``compile_report_rank<N>.json`` for the others."""
     return Path(run_dir) / ("compile_report.json" if rank == 0 else f"compile_report_rank{rank}.json")
 
 
-def write_compile_report(run_dir: Path, rank: int, portable_cache: dict | None = None) -> CompileReport:
-    """Collect the report, write it as JSON into `run_dir` for this rank and stop watching graph breaks."""
-    report = collect_compile_report()
-    report.portable_cache = portable_cache
-    stop_watching_graph_breaks()
-    report_file(run_dir, rank).write_text(json.dumps(report.to_json(), indent=1) + "\n")
-    return report
+def save_compile_report(report: CompileReport, run_dir: Path, rank: int) -> Path:
+    """Write `report` as this rank's JSON file, replacing the previous one at once (a reader, or a run killed
+    mid-write, never leaves half a file)."""
+    path = report_file(run_dir, rank)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(report.to_json(), indent=1) + "\n")
+    partial.replace(path)
+    return path

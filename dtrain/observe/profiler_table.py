@@ -3,7 +3,9 @@
 The rows are the profiler's own aggregation (``key_averages``, grouped by input shape when shapes are recorded),
 sorted by self time: the time spent in an operator itself, not in the operators it calls, so the rows add up to
 the window's total. On CUDA there is a second table sorted by self CUDA time (the kernels an operator launched).
-Each table is written as text (markdown, readable in a terminal) and as JSON for scripts.
+Compiled graphs are rows of their own, named by profiler_events.py (which frame, forward or backward), and the
+tables are followed by the window's split into forward, backward, optimizer and other time. Each table is written
+as text (markdown, readable in a terminal) and as JSON for scripts.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from torch.autograd.profiler_util import EventList
+
+from dtrain.observe.profiler_events import PhaseSplit, format_phase_split
 
 # Input shapes longer than this are cut in the text table (the JSON keeps them whole).
 SHAPES_WIDTH = 60
@@ -90,10 +94,13 @@ def format_table(table: OperatorTable, with_device: bool, with_shapes: bool) -> 
 
 
 def write_tables(
-    tables: list[OperatorTable], folder: Path, rank: int, with_device: bool, with_shapes: bool, steps: int
+    tables: list[OperatorTable], split: PhaseSplit, folder: Path, rank: int, with_device: bool, with_shapes: bool,
+    steps: int,
 ) -> Path:
-    """Write ``rank<r>_top_ops.txt`` and ``rank<r>_top_ops.json`` into ``folder``; returns the text file's path."""
-    text = "\n\n".join(format_table(table, with_device, with_shapes) for table in tables)
+    """Write ``rank<r>_top_ops.txt`` and ``rank<r>_top_ops.json`` into ``folder``: the tables, then the phase
+    split; returns the text file's path."""
+    text = "\n\n".join([*(format_table(table, with_device, with_shapes) for table in tables),
+                         format_phase_split(split)])
     path = folder / f"rank{rank}_top_ops.txt"
     note = f"times are summed over the window's {steps} recorded step(s); % is the share of the sorted column"
     path.write_text(f"{note}\n\n{text}\n")
@@ -103,6 +110,7 @@ def write_tables(
             {"title": t.title, "sort_key": t.sort_key, "total_us": t.total_us, "rows": [asdict(r) for r in t.rows]}
             for t in tables
         ],
+        "phases": {"total_us": split.total_us, "phases_us": split.phases_us},
     }
     (folder / f"rank{rank}_top_ops.json").write_text(json.dumps(document, indent=1))
     return path

@@ -14,8 +14,9 @@ both as hooks around its loop, run/loop_hooks.py)::
 Every ``profiling.profile_freq`` steps the profiler records a window: ``profile_freq - warmup - active`` idle
 steps, ``profiler_warmup`` steps traced but discarded (the profiler's own start-up cost lands there), then
 ``profiler_active`` recorded steps, written as ``<save_traces_folder>/iteration_<step>/rank<r>_trace.json``
-(open in chrome://tracing or https://ui.perfetto.dev), with its top ``profiling.top_ops`` operators beside it
-(``rank<r>_top_ops.txt`` / ``.json``, rank 0's also in the log) and, on CUDA with ``profiling.profile_memory``, its
+(open in chrome://tracing or https://ui.perfetto.dev), with its top ``profiling.top_ops`` operators beside it, each
+compiled graph named by its frame, and the steps' split into forward, backward and optimizer time
+(``rank<r>_top_ops.txt`` / ``.json``, rank 0's also in the log; profiler_events.py) and, on CUDA with ``profiling.profile_memory``, its
 memory timeline (``rank<r>_memory_timeline.html``, or ``.json`` without matplotlib); a window that training ends in
 the middle of is not written. The profiler's own warnings go to ``<save_traces_folder>/rank<r>_profiler.log``, not
 the log. Memory snapshots are dumped on the same cadence as
@@ -38,6 +39,8 @@ from torch.profiler import ProfilerActivity
 
 from dtrain.config.schema import Profiling
 from dtrain.errors import ConfigError
+from dtrain.observe.compile_report import compiled_frame_names
+from dtrain.observe.profiler_events import format_phase_split, name_compiled_graphs, phase_split
 from dtrain.observe.profiler_table import format_table, operator_tables, write_tables
 
 logger = logging.getLogger(__name__)
@@ -180,14 +183,17 @@ def _profiler_windows(
 def _write_operator_tables(
     profiler: torch.profiler.profile, profiling: Profiling, folder: Path, rank: int, on_cuda: bool
 ) -> None:
+    # Renamed in place before they are summed up: the trace, exported already, keeps torch's names.
+    name_compiled_graphs(profiler.events(), compiled_frame_names())
+    split = phase_split(profiler.events())
     events = profiler.key_averages(group_by_input_shape=profiling.record_shapes)
     columns = {"with_device": on_cuda, "with_shapes": profiling.record_shapes}
     tables = operator_tables(events, profiling.top_ops, **columns)
-    path = write_tables(tables, folder, rank, steps=profiling.profiler_active, **columns)
+    path = write_tables(tables, split, folder, rank, steps=profiling.profiler_active, **columns)
     if rank == 0:
         logger.info(
             f"profiler window {folder.name}, rank 0, times summed over {profiling.profiler_active} step(s) "
-            f"(all tables in {path}):\n{format_table(tables[0], **columns)}"
+            f"(all tables in {path}):\n{format_table(tables[0], **columns)}\n{format_phase_split(split)}"
         )
 
 

@@ -17,7 +17,8 @@ from dtrain.config.schema import Comm, Compile, Profiling
 from dtrain.metrics import MetricsLogger
 from dtrain.observe.compile_cache import PortableCompileCache
 from dtrain.observe.compile_progress import compile_progress
-from dtrain.observe.compile_report import report_file, write_compile_report
+from dtrain.observe.compile_report import report_file
+from dtrain.observe.compile_watch import CompileWatch
 from dtrain.observe.profiling import maybe_memory_snapshot, maybe_profile
 from dtrain.parallelize import compile_debug_output, stop_compile_trace
 from dtrain.run.hooks import Hooks, StepEnd
@@ -49,6 +50,7 @@ def training_hooks(
     metrics_log = MetricsLog(metrics, state)
     preemption = Preemption(world.world_size)
     nonfinite = NonFinite(world.device)
+    compile_watch = CompileWatch(run_dir, world.rank, compile_cache) if compile.enable else None
 
     # When the loop starts.
     hooks.on_start(metrics_log.start)
@@ -73,7 +75,9 @@ def training_hooks(
     # After each step, in this order.
     if state.setup.skip_nonfinite_steps == 0:  # else the step itself skips such steps or stops the run
         hooks.add(nonfinite.record)
-    hooks.after_first_step(lambda end: log_after_first_step(compile, state, run_dir, world.rank, compile_cache))
+    hooks.after_first_step(
+        lambda end: log_after_first_step(compile, state, run_dir, world.rank, compile_cache, compile_watch)
+    )
     if world.distributed:  # start-up is over: from now on a hung collective is an error soon
         hooks.after_first_step(lambda end: set_collective_timeout(comm.train_timeout_seconds))
     hooks.add(preemption.decide)
@@ -87,6 +91,8 @@ def training_hooks(
     hooks.add(metrics_log.log)
     if validator is not None:
         hooks.add(lambda end: validate(validator, metrics, state, end))
+    if compile_watch is not None:  # after validation, whose forward without grad compiles again
+        hooks.add(lambda end: compile_watch.after_step(end.step))
     hooks.add(lambda end: checkpoints.maybe_save(end.step, last=end.last, preempted=end.preempted))
     hooks.add(lambda end: profiler.value.step())
     hooks.add(lambda end: snapshot.value.step())
@@ -97,6 +103,9 @@ def training_hooks(
 
     # When the loop is left, done or failed.
     hooks.on_close(gc.enable)
+    if compile_watch is not None:  # the final compile report, also of a run preempted or failed
+        hooks.on_close(compile_watch.close)
+        hooks.on_close(stop_compile_trace)
     hooks.on_close(metrics.close)
     hooks.on_close(preemption.close)
     hooks.on_close(checkpoints.close)
@@ -177,14 +186,18 @@ def compile_debug_folder(compile: Compile, run_dir: Path, rank: int) -> Path | N
 
 
 def log_after_first_step(
-    compile: Compile, state: TrainState, run_dir: Path, rank: int, compile_cache: PortableCompileCache | None
+    compile: Compile,
+    state: TrainState,
+    run_dir: Path,
+    rank: int,
+    compile_cache: PortableCompileCache | None,
+    compile_watch: CompileWatch | None,
 ) -> None:
     """What only exists once a step has run: optimizer state (memory evidence) and compiled graphs (the compile
     report, written per rank into the run folder and summarised in the log; the portable compile cache)."""
     log_memory(state.model_parts, state.optimizer)
-    if compile.enable:
-        stop_compile_trace()
-        report = write_compile_report(run_dir, rank, compile_cache.loaded if compile_cache else None)
+    if compile_watch is not None:
+        report = compile_watch.first_step(state.step)
         logger.info(report.format(report_file(run_dir, rank)))
     debug_folder = compile_debug_folder(compile, run_dir, rank)
     if debug_folder:

@@ -10,14 +10,14 @@ import torch
 from dtrain.observe.compile_report import (
     collect_compile_report,
     report_file,
+    save_compile_report,
     stop_watching_graph_breaks,
     watch_graph_breaks,
-    write_compile_report,
 )
 from tests.e2e.run_train_helpers import FP32, run_train
 
 REPORT_KEYS = {"compile_time_s", "time_split_s", "frames_compiled", "graphs", "frames", "graph_breaks",
-               "recompiles", "cache", "portable_cache", "torch_version", "graph_break_count"}
+               "recompiles", "cache", "portable_cache", "torch_version", "graph_break_count", "through_step", "final"}
 
 
 def breaks_once(x):
@@ -64,7 +64,7 @@ def test_a_graph_break_and_a_shape_recompile_are_reported_with_where_and_why(fre
     assert len(summary.splitlines()) == 2
     assert "Graph break in user code" not in capsys.readouterr().err  # captured for the report, not printed
 
-    write_compile_report(tmp_path, rank=1)
+    save_compile_report(report, tmp_path, rank=1)
     document = json.loads(report_file(tmp_path, 1).read_text())
     assert report_file(tmp_path, 1).name == "compile_report_rank1.json"
     assert report_file(tmp_path, 0).name == "compile_report.json"

@@ -6,9 +6,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from torch import nn
+from torch.autograd.profiler_util import FunctionEvent
 
 from dtrain.config.schema import Profiling
 from dtrain.errors import ConfigError
+from dtrain.observe.profiler_events import name_compiled_graphs
 from dtrain.observe.profiler_table import OperatorRow, OperatorTable, format_table
 from dtrain.observe.profiling import NoOpStepper, check_profiling_config, maybe_memory_snapshot, maybe_profile
 from tests.e2e.run_train_helpers import run_train
@@ -233,3 +236,74 @@ def test_cuda_window_ranks_operators_by_cuda_time_and_exports_the_memory_timelin
     assert "self CUDA ms" in (folder / "rank0_top_ops.txt").read_text()
     (timeline,) = folder.glob("rank0_memory_timeline.*")
     assert timeline.stat().st_size > 0
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.tanh(self.linear(x))
+
+
+def squared_sum(y):
+    return (y * y).sum()
+
+
+def test_tables_name_each_compiled_graph_and_split_the_step_by_phase(tmp_path):
+    torch._dynamo.reset()
+    model = nn.Sequential(Block(), Block())
+    for block in model:  # aot_eager: the autograd graphs of inductor, without its C++ builds
+        block.compile(backend="aot_eager")
+    loss = torch.compile(squared_sum, backend="aot_eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    profiling = profiling_config(enable_profiling=True, profile_freq=2, profiler_warmup=1, profiler_active=1,
+                                 top_ops=200)
+    x = torch.randn(4, 16)
+    try:
+        with maybe_profile(profiling, tmp_path, rank=0) as profiler:
+            for _ in range(2):
+                loss(model(x)).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                profiler.step()
+    finally:
+        torch._dynamo.reset()
+    document = json.loads((tmp_path / "profile_traces" / "iteration_2" / "rank0_top_ops.json").read_text())
+    names = {row["name"] for row in document["tables"][0]["rows"]}
+    assert not names & {"CompiledFunction", "CompiledFunctionBackward"}, names
+    for graph in ("Block.forward [0/0]", "squared_sum [1/0]"):  # which code, and both directions
+        assert {f"CompiledFunction {graph}", f"CompiledFunctionBackward {graph}"} <= names, names
+    phases = document["phases"]["phases_us"]
+    assert set(phases) == {"forward", "backward", "optimizer", "other"}
+    assert all(phases[phase] > 0 for phase in ("forward", "backward", "optimizer")), phases
+    assert sum(phases.values()) == pytest.approx(document["phases"]["total_us"])
+    assert "step time by phase over 1 recorded step(s)" in (tmp_path / "profile_traces" / "iteration_2" /
+                                                            "rank0_top_ops.txt").read_text()
+
+
+def event(id_, name, start, end, parent=None, sequence_nr=-1, fwd_thread=0):
+    made = FunctionEvent(id_, name, thread=1, start_us=start, end_us=end, sequence_nr=sequence_nr,
+                         fwd_thread=fwd_thread)
+    if parent is not None:
+        made.set_cpu_parent(parent)
+        parent.append_cpu_child(made)
+    return made
+
+
+def test_inductor_graph_calls_are_named_by_frame_and_direction():
+    # What inductor's graphs look like in a window (their call carries a cache key, or None with caches off).
+    region = event(1, "Torch-Compiled Region: 0/0", 0, 10)
+    forward = event(2, "CompiledFunction", 1, 9, region, sequence_nr=37)
+    forward_call = event(3, "## Call CompiledFxGraph None ##", 2, 8, forward)
+    engine = event(4, "autograd::engine::evaluate_function: CompiledFunctionBackward", 20, 30, sequence_nr=37,
+                   fwd_thread=1)
+    backward = event(5, "CompiledFunctionBackward", 21, 29, engine, sequence_nr=37, fwd_thread=1)
+    backward_call = event(6, "## Call CompiledFxGraph fclq377 ##", 22, 28, backward)
+    events = [region, forward, forward_call, engine, backward, backward_call]
+    assert name_compiled_graphs(events, {"0/0": "TransformerBlock.forward"}) == 2
+    assert forward_call.name == "## Call CompiledFxGraph TransformerBlock.forward [0/0] forward ##"
+    assert backward_call.name == "## Call CompiledFxGraph TransformerBlock.forward [0/0] backward ##"
+    assert backward.name == "CompiledFunctionBackward TransformerBlock.forward [0/0]"
+    assert region.name == "Torch-Compiled Region: 0/0"
