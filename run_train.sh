@@ -13,14 +13,17 @@
 #                        restarted workers resume from the last checkpoint (default 0)
 #   CONFIG_FILE          config file or name, as --config (torchtitan habit)
 set -euo pipefail
-cd "$(dirname "$0")"
+# No cd: paths on the command line and relative paths inside a config file (job.dump_folder, model.hf_assets_path,
+# torchtitan's "./tests/assets/tokenizer") are the caller's, as with torchtitan; a bare --config name is looked up in
+# train_configs/ wherever the caller stands.
+repo_root="$(cd "$(dirname "$0")" && pwd)"
 
 nproc="${NPROC:-${NGPU:-}}"
 nnodes="${NNODES:-1}"
 log_rank="${LOG_RANK:-0}"
 # Every launch variable is checked before anything starts or is written (even the Python environment): one line
 # naming it, exit code 2 (see rendezvous.sh).
-source scripts/rendezvous.sh --check
+source "$repo_root/scripts/rendezvous.sh" --check
 if [ -n "$nproc" ] && [[ ! "$nproc" =~ ^[1-9][0-9]*$ ]]; then
     nproc_name="$([ -n "${NPROC:-}" ] && echo NPROC || echo NGPU)"
     launch_env_error "$nproc_name" "$nproc" "use a number of processes (1 or more)"
@@ -32,7 +35,7 @@ if [ "$log_rank" != "all" ] &&
     launch_env_error LOG_RANK "$log_rank" "use a local rank (0 to NPROC - 1) or 'all'"
 fi
 
-source scripts/setup_env.sh
+source "$repo_root/scripts/setup_env.sh"
 if [ -z "$nproc" ]; then
     nproc="$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
 fi
@@ -49,7 +52,7 @@ fi
 # its peers' addresses from the failed attempt (pytorch/pytorch#135712): give each attempt a store of its own.
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"
 launch_dir="$(mktemp -d)"  # private (0700): the single-node stores below, the workers' error lines
-source scripts/rendezvous.sh "$launch_dir" dtrain
+source "$repo_root/scripts/rendezvous.sh" "$launch_dir" dtrain
 # Validate once, before torchrun starts any worker: a bad config gets one line, not one per rank plus
 # torchrun's failure report. --help and print_config are answered here too.
 # Exit code 3 means the check answered the request itself (--help, print_config): nothing to launch.

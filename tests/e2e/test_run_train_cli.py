@@ -1,9 +1,10 @@
 """End to end through ./run_train.sh on the debug config: training, outputs, determinism and error handling."""
 
+import subprocess
 import time
 
 import pytest
-from run_train_helpers import FP32, TINY, read_metrics, run_train
+from run_train_helpers import FP32, REPO, TINY, read_metrics, run_train, user_env
 
 pytestmark = pytest.mark.slow
 
@@ -74,3 +75,19 @@ def test_help_and_print_config_answer_without_training(tmp_path):
     assert printed.returncode == 0 and "steps = 7" in printed.stdout
     assert "print_config = false" in printed.stdout  # the printed config trains when passed back with --config
     assert not run_dir.exists()
+
+
+def test_paths_are_those_of_the_directory_the_user_stands_in(tmp_path):
+    """From outside the checkout, as with torchtitan: a config path and the dump folder (on the command line, and
+    inside the TOML) are relative to the caller's directory; a bare config name still comes from train_configs/."""
+    (tmp_path / "configs").mkdir()
+    toml = (REPO / "train_configs" / "debug_model.toml").read_text()
+    (tmp_path / "configs" / "mine.toml").write_text(toml.replace('"./outputs/debug_model"', '"./runs/from_toml"'))
+    run = [str(REPO / "run_train.sh"), "--config", "configs/mine.toml", *TINY, "--training.steps", "1"]
+    done = subprocess.run(run, cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "runs" / "from_toml" / "metrics.jsonl").is_file()
+    printed = subprocess.run([str(REPO / "run_train.sh"), "--config", "qwen3_debug", "--job.print_config"],
+                             cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0 and 'name = "qwen3"' in printed.stdout, printed.stderr
+    assert not (REPO / "runs").exists()
