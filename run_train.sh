@@ -57,7 +57,7 @@ source "$repo_root/scripts/rendezvous.sh" "$launch_dir" dtrain
 # torchrun's failure report. --help and print_config are answered here too.
 # Exit code 3 means the check answered the request itself (--help, print_config): nothing to launch.
 check=0
-WORLD_SIZE=$((nproc * nnodes)) DTRAIN_RUN_DIR_FILE="$launch_dir/run_dir" \
+WORLD_SIZE=$((nproc * nnodes)) DTRAIN_RUN_DIR_FILE="$launch_dir/run_dir" DTRAIN_LAUNCH_SHELL_PID=$$ \
     python -m dtrain.main --launcher_check "$@" || check=$?
 if [ "$check" != 0 ]; then rm -rf "$launch_dir"; fi
 if [ "$check" = 3 ]; then exit 0; fi

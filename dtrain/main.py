@@ -13,13 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from dtrain.errors import DtrainError
-from dtrain.reliability.launcher import record_failure, record_outcome
+from dtrain.reliability.launcher import die_with, record_failure, record_outcome
 
 # `run_train.sh` runs this once with --launcher_check before starting torchrun: it validates the config for the
 # coming world size and answers --help / print_config itself. Exit code ANSWERED tells the launcher to stop there.
 LAUNCHER_CHECK_FLAG = "--launcher_check"
 ANSWERED = 3
 RUN_DIR_FILE_ENV = "DTRAIN_RUN_DIR_FILE"
+LAUNCH_SHELL_ENV = "DTRAIN_LAUNCH_SHELL_PID"  # run_train.sh's pid, the launch check's parent
 
 
 def run(argv: list[str]) -> int:
@@ -27,6 +28,8 @@ def run(argv: list[str]) -> int:
 
     launcher_check = LAUNCHER_CHECK_FLAG in argv
     argv = [a for a in argv if a != LAUNCHER_CHECK_FLAG]
+    if launcher_check and os.environ.get(LAUNCH_SHELL_ENV):  # killed with run_train.sh, not seconds after it
+        die_with(int(os.environ[LAUNCH_SHELL_ENV]))
     if help_requested(argv):
         # With --config, the help shows that file's values as the defaults.
         print(format_help(load_config(argv)))

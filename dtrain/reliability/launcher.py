@@ -243,13 +243,14 @@ def _workers(command: list[str]) -> int:
     return 1
 
 
-def _die_with(launcher: int) -> None:
-    """Run in torchrun's process between fork and exec: the kernel sends it SIGKILL when the launcher dies, even
-    of SIGKILL. Its workers then see torchrun gone and end too (parent_watch.py)."""
+def die_with(parent: int) -> None:
+    """Have the kernel send this process SIGKILL when `parent` (its parent) dies, even of SIGKILL. Run in torchrun's
+    process between fork and exec (its workers then see torchrun gone and end too: parent_watch.py), and in
+    run_train.sh's launch check, so that nothing the user started outlives the process they killed."""
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != launcher:  # the launcher died before the prctl: nothing would deliver the signal
+    if os.getppid() != parent:  # the parent died before the prctl: nothing would deliver the signal
         os._exit(1)
 
 
@@ -263,7 +264,7 @@ def launch(launch_dir: Path, command: list[str]) -> int:
     # before any reader thread exists (which also keeps preexec_fn safe).
     launcher = os.getpid()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True, preexec_fn=lambda: _die_with(launcher))
+                               start_new_session=True, preexec_fn=lambda: die_with(launcher))
     watch = StallWatch(process.pid, error_dir)
     watcher = threading.Thread(target=watch.run, daemon=True)
     watcher.start()

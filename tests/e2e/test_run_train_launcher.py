@@ -9,9 +9,10 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
-from run_train_helpers import TINY, children, run_train, start_two_process_run
+from run_train_helpers import REPO, TINY, children, run_train, start_two_process_run, user_env
 
 from dtrain.reliability.launcher import filter_output, killed_ranks, outcomes, summary
 
@@ -158,6 +159,40 @@ def test_kill_9_of_the_launcher_takes_the_whole_run_down(tmp_path):
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(launch_dir, ignore_errors=True)
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:  # a short-lived child (mktemp, setup_env.sh's checks) already gone
+        return b""
+
+
+@pytest.mark.slow
+def test_kill_9_during_the_launch_check_ends_the_check_too(tmp_path):
+    """run_train.sh validates the config in a child process before torchrun starts: killed in those seconds, the
+    script takes the check with it (PR_SET_PDEATHSIG) instead of leaving it to finish on its own."""
+    process = subprocess.Popen(["./run_train.sh", *TINY, "--job.dump_folder", str(tmp_path / "run")], cwd=REPO,
+                               env=user_env(NPROC="2"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checks: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not checks:  # the shell's child running `python -m dtrain.main --launcher_check ...`
+            assert process.poll() is None and time.monotonic() < deadline, "no launch check seen"
+            checks = [c for c in children(process.pid) if b"--launcher_check" in cmdline(c)]
+            time.sleep(0.02)
+        process.kill()
+        process.wait(timeout=10)
+        deadline = time.monotonic() + 2
+        while alive(checks[0]):
+            assert time.monotonic() < deadline, "the launch check outlived run_train.sh"
+            time.sleep(0.05)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for pid in checks:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
