@@ -13,6 +13,8 @@
 #                   ([type:]count), the devices in CUDA_VISIBLE_DEVICES; else run_train.sh's default (the GPUs
 #                   torch sees, 1 on CPU)
 # DTRAIN_ROOT names the checkout whose run_train.sh runs (default: the one holding this script).
+# DTRAIN_NO_INSTALL=1 (unless set): run_train.sh uses the Python environment built on the login node
+# (./scripts/setup_env.sh) and never creates or installs one here (scripts/setup_env.sh).
 set -euo pipefail
 
 fail() {
@@ -55,6 +57,7 @@ if [ -z "${NPROC:-${NGPU:-}}" ]; then
     if [ -n "$gpus" ]; then export NPROC="$gpus"; fi
 fi
 export NNODES="$nnodes" RDZV_ENDPOINT="$(head -n1 <<< "$hosts"):$port" RDZV_ID="dtrain-$SLURM_JOB_ID"
+export DTRAIN_NO_INSTALL="${DTRAIN_NO_INSTALL:-1}"
 root="${DTRAIN_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
 [ -x "$root/run_train.sh" ] || fail "no run_train.sh in '$root': set DTRAIN_ROOT to the dtrain checkout"
 

@@ -60,3 +60,17 @@ def last_run_records(run_dir: Path, start_step: int, steps: int = 8) -> list[dic
     """The records the last run appended to metrics.jsonl (appended across resumes): steps start_step+1..steps."""
     records = read_metrics(run_dir)
     return records[len(records) - (steps - start_step):]
+
+
+def rerun_and_compare(
+    run_dir: Path, uninterrupted: dict[int, float], args: list[str] = CHECKPOINTED
+) -> tuple[int, str]:
+    """Rerun the same command; every loss it logs equals the uninterrupted run's. Returns (resumed step, log)."""
+    result = run_train(*args, "--job.dump_folder", str(run_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    start = resumed_step(result.stderr)
+    resumed = last_run_records(run_dir, start)
+    assert [r["step"] for r in resumed] == list(range(start + 1, 9))
+    for record in resumed:
+        assert record["loss"] == uninterrupted[record["step"]], record["step"]
+    return start, result.stderr

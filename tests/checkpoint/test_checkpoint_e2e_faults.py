@@ -17,10 +17,9 @@ from e2e_checkpoint_helpers import (
     CHECKPOINTED,
     REPO,
     kill_hard,
-    last_run_records,
     losses_by_step,
     read_metrics,
-    resumed_step,
+    rerun_and_compare,
     run_train,
     user_env,
     wait_for,
@@ -65,18 +64,6 @@ def uninterrupted(tmp_path_factory) -> dict[int, float]:
     return losses_by_step(read_metrics(run_dir))
 
 
-def rerun_and_compare(run_dir, args: list[str], uninterrupted: dict[int, float]) -> tuple[int, str]:
-    """The same command again: every loss it logs equals the uninterrupted run's. Returns (resumed step, log)."""
-    result = run_train(*args, "--job.dump_folder", str(run_dir))
-    assert result.returncode == 0, result.stderr[-3000:]
-    start = resumed_step(result.stderr)
-    resumed = last_run_records(run_dir, start)
-    assert [r["step"] for r in resumed] == list(range(start + 1, 9))
-    for record in resumed:
-        assert record["loss"] == uninterrupted[record["step"]], record["step"]
-    return start, result.stderr
-
-
 def test_kill_right_after_an_async_save_started_resumes_from_the_newest_committed(tmp_path, uninterrupted):
     run_dir = tmp_path / "run"
     folder = run_dir / "checkpoint"
@@ -88,7 +75,7 @@ def test_kill_right_after_an_async_save_started_resumes_from_the_newest_committe
     wait_for(process, lambda: (folder / "step-4.partial").exists())
     kill_hard(process)
     committed = [c.step for c in scan_checkpoints(folder).committed]
-    start, log = rerun_and_compare(run_dir, ASYNC, uninterrupted)
+    start, log = rerun_and_compare(run_dir, uninterrupted, ASYNC)
     assert start == max(committed)  # the newest committed one, never the interrupted save
     if 4 not in committed:  # the usual case: the background write had not been committed
         assert start == 2 and "step-4.partial" in log
@@ -103,7 +90,7 @@ def test_kill_during_pruning_leaves_nothing_that_is_loaded_or_stays(tmp_path, un
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (folder / "step-2" / COMMIT_FILE).exists()  # killed with step-2 half deleted
-    start, log = rerun_and_compare(run_dir, PRUNED, uninterrupted)
+    start, log = rerun_and_compare(run_dir, uninterrupted, PRUNED)
     assert start == 6
     # The half-deleted folder is never taken for a checkpoint (dtrain's or someone else's), nor kept.
     assert "removed" in log and re.search(r"step-2(?!\.deleting)\b", log) is None, log

@@ -7,11 +7,10 @@ import pytest
 from e2e_checkpoint_helpers import (
     CHECKPOINTED,
     kill_hard,
-    last_run_records,
     logged_steps,
     losses_by_step,
     read_metrics,
-    resumed_step,
+    rerun_and_compare,
     run_train,
     start_train,
     wait_for,
@@ -26,18 +25,6 @@ def uninterrupted(tmp_path_factory) -> dict[int, float]:
     result = run_train(*CHECKPOINTED, "--job.dump_folder", str(run_dir))
     assert result.returncode == 0, result.stderr[-3000:]
     return losses_by_step(read_metrics(run_dir))
-
-
-def rerun_and_compare(run_dir, uninterrupted) -> tuple[int, str]:
-    """Rerun the same command; every loss it logs equals the uninterrupted run's. Returns (resumed step, log)."""
-    result = run_train(*CHECKPOINTED, "--job.dump_folder", str(run_dir))
-    assert result.returncode == 0, result.stderr[-3000:]
-    start = resumed_step(result.stderr)
-    resumed = last_run_records(run_dir, start)
-    assert [r["step"] for r in resumed] == list(range(start + 1, 9))
-    for record in resumed:
-        assert record["loss"] == uninterrupted[record["step"]], record["step"]
-    return start, result.stderr
 
 
 def test_kill_during_training_then_rerun_resumes_bit_identically(tmp_path, uninterrupted):

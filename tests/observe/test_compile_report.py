@@ -11,8 +11,6 @@ from dtrain.observe.compile_report import (
     collect_compile_report,
     report_file,
     save_compile_report,
-    stop_watching_graph_breaks,
-    watch_graph_breaks,
 )
 from tests.e2e.run_train_helpers import FP32, run_train
 
@@ -27,21 +25,6 @@ def breaks_once(x):
 
 
 BREAK_LINE = inspect.getsourcelines(breaks_once)[1] + 2
-
-
-@pytest.fixture
-def fresh_dynamo():
-    """The report is cumulative over the process: start from nothing, and leave nothing behind."""
-    def reset():
-        torch._dynamo.reset()
-        torch._dynamo.utils.clear_compilation_metrics()
-        torch._dynamo.utils.counters.clear()
-
-    reset()
-    watch_graph_breaks()
-    yield
-    stop_watching_graph_breaks()
-    reset()
 
 
 def test_a_graph_break_and_a_shape_recompile_are_reported_with_where_and_why(fresh_dynamo, tmp_path, capsys):

@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from dtrain.observe.compile_report import report_file, watch_graph_breaks
+from dtrain.observe.compile_report import report_file
 from dtrain.observe.compile_watch import CompileWatch
 from dtrain.run.hooks import Hooks
 from tests.e2e.run_train_helpers import run_train
@@ -17,19 +17,6 @@ from tests.observe.test_compile_study import TINY_MODEL
 
 def block(x):
     return torch.tanh(x * 2).sum()
-
-
-@pytest.fixture
-def fresh_dynamo():
-    def reset():
-        torch._dynamo.reset()
-        torch._dynamo.utils.clear_compilation_metrics()
-        torch._dynamo.utils.counters.clear()
-
-    reset()
-    watch_graph_breaks()
-    yield
-    reset()
 
 
 def read_report(run_dir):
