@@ -40,8 +40,8 @@ def setup_logging(rank: int, log_rank: int | str | None = None) -> logging.Logge
 
     ``log_rank`` is the rank that logs at INFO level (an int, or "all" for every rank); when left as None it comes
     from the LOG_RANK environment variable, default 0. Other ranks log WARNING and above. Lines go to stderr as
-    ``[rank<r>]:<time> <LEVEL> <message>`` (as torchrun tags a worker's lines). Calling it again (e.g. after the rank becomes known) reconfigures the
-    logger instead of duplicating its output.
+    ``[rank<r>]:<time> <LEVEL> <message>`` (as torchrun tags a worker's lines). Calling it again (e.g. after the
+    rank becomes known) reconfigures the logger instead of duplicating its output.
     """
     chosen = _resolve_log_rank(log_rank)
     logger = logging.getLogger(LOGGER_NAME)

@@ -16,9 +16,9 @@ steps, ``profiler_warmup`` steps traced but discarded (the profiler's own start-
 ``profiler_active`` recorded steps, written as ``<save_traces_folder>/iteration_<step>/rank<r>_trace.json``
 (open in chrome://tracing or https://ui.perfetto.dev), with its top ``profiling.top_ops`` operators beside it, each
 compiled graph named by its frame, and the steps' split into forward, backward and optimizer time
-(``rank<r>_top_ops.txt`` / ``.json``, rank 0's also in the log; profiler_events.py) and, on CUDA with ``profiling.profile_memory``, its
-memory timeline (``rank<r>_memory_timeline.html``, or ``.json`` without matplotlib); a window that training ends in
-the middle of is not written. The profiler's own warnings go to ``<save_traces_folder>/rank<r>_profiler.log``, not
+(``rank<r>_top_ops.txt`` / ``.json``, rank 0's also in the log; profiler_events.py) and, on CUDA with
+``profiling.profile_memory``, its memory timeline (``rank<r>_memory_timeline.html``, or ``.json`` without
+matplotlib); a window that training ends in the middle of is not written. The profiler's own warnings go to ``<save_traces_folder>/rank<r>_profiler.log``, not
 the log. Memory snapshots are dumped on the same cadence as
 ``<save_memory_snapshot_folder>/iteration_<step>/rank<r>_memory_snapshot.pickle`` (open in
 https://pytorch.org/memory_viz), and once more under ``oom/`` if the run dies of a CUDA out-of-memory error.

@@ -55,7 +55,8 @@ def saved(tmp_path_factory):
      "model.args.n_heads = 16 (model.flavor debugmodel_gqa -> debugmodel) differs from checkpoint {}'s 8 (as do "
      "model.args.n_kv_heads)", SAME_MODEL.format("model.flavor = debugmodel_gqa")),
     (["--model.name", "qwen3", "--model.flavor", "debugmodel"],
-     "model.name = qwen3 differs from checkpoint {}'s llama3", SAME_MODEL.format("model.name = llama3 (model.flavor = debugmodel_gqa)")),
+     "model.name = qwen3 differs from checkpoint {}'s llama3",
+     SAME_MODEL.format("model.name = llama3 (model.flavor = debugmodel_gqa)")),
 ], ids=["seq_len", "local_batch_size", "global_batch_size", "n_layers", "rope_theta", "flavor", "name"])
 def test_a_resume_that_cannot_continue_is_one_line_and_writes_nothing(saved, change, first, then):
     run_dir, _ = saved

@@ -21,6 +21,9 @@ def user_env(**extra: str) -> dict[str, str]:
     env["VIRTUAL_ENV"] = sys.prefix
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.pop("DTRAIN_TRACEBACK", None)
+    # scripts/test_torch.sh's choice of environment is this interpreter's already; left set, a script run in another
+    # checkout (the fake SLURM tests) would look for that checkout's own .venv-torch<version>.
+    env.pop("DTRAIN_TORCH_VERSION", None)
     env.update(extra)
     return env
 
