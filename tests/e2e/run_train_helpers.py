@@ -56,3 +56,19 @@ def start_two_process_run(run_dir: Path, checkpoint_interval: int, *args: str, s
 def children(pid: int) -> list[int]:
     found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     return [int(p) for p in found]
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def worker_rank(pid: int) -> str:
+    """The RANK torchrun gave worker `pid`."""
+    with open(f"/proc/{pid}/environ", "rb") as environ:
+        variables = dict(v.split(b"=", 1) for v in environ.read().split(b"\0") if b"=" in v)
+    return variables[b"RANK"].decode()

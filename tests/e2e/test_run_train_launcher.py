@@ -12,7 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
-from run_train_helpers import REPO, TINY, children, run_train, start_two_process_run, user_env
+from run_train_helpers import (
+    REPO,
+    TINY,
+    alive,
+    children,
+    run_train,
+    start_two_process_run,
+    user_env,
+    worker_rank,
+)
 
 from dtrain.reliability.launcher import filter_output, killed_ranks, outcomes, summary
 
@@ -102,16 +111,6 @@ def test_a_rank_killed_by_a_signal_comes_before_the_errors_of_the_survivors(tmp_
     assert summary(errors, report, None, 2, None).startswith("error: its own line (rank 1 failed first")
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0) until reaped: it has exited all the same.
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().split(") ")[-1][0] != "Z"
-
-
 @pytest.mark.slow
 def test_workers_exit_when_torchrun_is_killed(tmp_path):
     run_dir = tmp_path / "run"
@@ -126,12 +125,6 @@ def test_workers_exit_when_torchrun_is_killed(tmp_path):
         time.sleep(0.1)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode != 0 and "torchrun failed" in stderr.strip().splitlines()[-1]
-
-
-def worker_rank(pid: int) -> str:
-    with open(f"/proc/{pid}/environ", "rb") as environ:
-        variables = dict(v.split(b"=", 1) for v in environ.read().split(b"\0") if b"=" in v)
-    return variables[b"RANK"].decode()
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import signal
 import time
 
 import pytest
-from run_train_helpers import children, start_two_process_run
+from run_train_helpers import alive, children, start_two_process_run, worker_rank
 
 from dtrain.config.schema import Comm
 from dtrain.reliability.launcher import COLLECTIVE_TIMEOUT, StallWatch, summary
@@ -54,21 +54,6 @@ def test_a_hung_rank_torchrun_had_to_kill_is_named_as_stalled_not_as_killed(tmp_
     (errors / "rank0").write_text("10.0\nfailed\nerror: a bad batch\n")
     line = summary(errors, report, None, 2, None, watch_knowing(tmp_path, {12: "1", 11: "0"}))
     assert line.startswith("error: a bad batch (rank 0 failed first"), line
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` still runs (a zombie, exited but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def worker_rank(pid: int) -> str:
-    with open(f"/proc/{pid}/environ", "rb") as environ:
-        variables = dict(v.split(b"=", 1) for v in environ.read().split(b"\0") if b"=" in v)
-    return variables[b"RANK"].decode()
 
 
 @pytest.mark.slow
