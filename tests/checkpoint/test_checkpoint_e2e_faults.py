@@ -28,7 +28,7 @@ from run_train_helpers import FP32
 
 from dtrain.checkpoint.folders import COMMIT_FILE, read_record, scan_checkpoints
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_independent]
 
 ASYNC = [*CHECKPOINTED, *FP32, "--checkpoint.async_mode", "async"]
 # Saves at steps 2, 4, 6 (and the final weights at 8); committing step-6 prunes step-2.

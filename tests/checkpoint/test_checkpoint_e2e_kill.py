@@ -16,7 +16,7 @@ from e2e_checkpoint_helpers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_independent]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from e2e_checkpoint_helpers import CHECKPOINTED, kill_hard, logged_steps, run_tr
 
 from dtrain.reliability.run_lock import LOCK_FILE
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_independent]
 
 
 def test_one_live_run_per_folder_and_a_dead_runs_lock_is_taken_over(tmp_path):

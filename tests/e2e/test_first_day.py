@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from run_train_helpers import REPO, user_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_independent]
 
 PAGE = REPO / "docs" / "first-day.md"
 FOLDERS = [REPO / "outputs" / "first_day", REPO / "outputs" / "first_day_profile"]

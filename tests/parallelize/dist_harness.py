@@ -6,6 +6,9 @@ that once per test session (a fresh, single-threaded process: safe to fork, unli
 world starts in about a second instead of ten. Rendezvous goes through a FileStore in a temporary folder, so
 parallel test sessions never race for a port. Results come back through a file written with torch.save
 (tensors through multiprocessing queues break once the child exits).
+
+Each rank writes its stdout and stderr to a file in that folder: a rank that dies in C++ (gloo's SIGABRT) leaves
+no Python traceback, and its own last lines are the only account of why, so a failure shows every rank's tail.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ PRELOAD = ["torch", "torch.distributed.tensor.parallel", "torch.distributed.fsdp
 def _entry(rank: int, world_size: int, folder: str, fn: Callable, args: tuple, backend: str) -> None:
     import torch.distributed as dist
 
+    log = os.open(os.path.join(folder, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     if backend == "nccl":  # one GPU per rank
@@ -38,6 +44,9 @@ def _entry(rank: int, world_size: int, folder: str, fn: Callable, args: tuple, b
         result = fn(rank, world_size, *args)
         if rank == 0:
             torch.save(result, os.path.join(folder, "result.pt"))
+        # No rank tears its connections down while another still works: a peer closing under a pending gloo
+        # operation aborts the process that waits (SIGABRT, seen on a loaded CI machine).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -63,8 +72,20 @@ def run_world(world_size: int, fn: Callable, *args: Any, timeout_s: float = 240,
             while not context.join(timeout=max(0.1, deadline - time.monotonic())):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"world of {world_size} did not finish in {timeout_s} s")
+        except Exception as error:
+            raise RuntimeError(f"{error}\n{_rank_log_tails(folder, world_size)}") from error
         finally:
             for process in context.processes:
                 if process.is_alive():
                     process.kill()
         return torch.load(os.path.join(folder, "result.pt"), weights_only=False)
+
+
+def _rank_log_tails(folder: str, world_size: int, lines: int = 30) -> str:
+    tails = []
+    for rank in range(world_size):
+        path = os.path.join(folder, f"rank{rank}.log")
+        text = open(path, errors="replace").read() if os.path.exists(path) else ""
+        tail = "\n".join(text.splitlines()[-lines:]) or "(nothing)"
+        tails.append(f"--- rank {rank}, last lines of its output ---\n{tail}")
+    return "\n".join(tails)

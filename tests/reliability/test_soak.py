@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.slow, pytest.mark.torch_independent]
+
 REPO = Path(__file__).resolve().parents[2]
 SOAK = [sys.executable, "scripts/soak.py"]
 
