@@ -39,19 +39,22 @@ def run(argv: list[str]) -> int:
         # Printed as the config to train with: saved and passed back with --config, it must train, not print.
         print(to_toml(replace(cfg, job=replace(cfg.job, print_config=False))), end="")
         return ANSWERED if launcher_check else 0
+    from dtrain.metrics import setup_logging
     from dtrain.run.prepare import prepare
 
+    # Before prepare: its warnings (a tokenizer's renumbered ids, ...) carry the rank tag like every later line.
+    # LOG_RANK names a local rank, as run_train.sh's torchrun output filter does: one logging rank per node.
+    logger = setup_logging(int(os.environ.get("LOCAL_RANK", "0")))
+    if launcher_check:  # its warnings would be said again by the ranks; its errors end the launch in one line
+        logger.setLevel(logging.ERROR)
     prepared = prepare(cfg)
     if launcher_check:
         # run_train.sh keeps torchrun's report in the run folder if the run fails.
         if os.environ.get(RUN_DIR_FILE_ENV):
             Path(os.environ[RUN_DIR_FILE_ENV]).write_text(cfg.job.dump_folder)
         return 0
-    from dtrain.metrics import setup_logging
     from dtrain.run.train import train
 
-    # LOG_RANK names a local rank, as run_train.sh's torchrun output filter does: one logging rank per node.
-    setup_logging(int(os.environ.get("LOCAL_RANK", "0")))
     train(cfg, prepared)
     record_outcome(False, "finished")
     return 0

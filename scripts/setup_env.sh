@@ -72,7 +72,8 @@ if [ "${dtrain_have_sum:-}" != "$dtrain_sum" ] \
     elif [ -z "$dtrain_have_torch" ]; then
         python -m pip install -q "torch==2.13.0"
     fi
-    python -m pip install -q -e "$dtrain_root${dtrain_extras:+[$dtrain_extras]}"
+    # setuptools announces every editable install with a boxed warning that asks nothing of the user.
+    PYTHONWARNINGS=ignore python -m pip install -q -e "$dtrain_root${dtrain_extras:+[$dtrain_extras]}"
     echo "$dtrain_sum $dtrain_extras" > "$dtrain_stamp"
 fi
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then  # run, not sourced: say what was built

@@ -91,3 +91,24 @@ def test_paths_are_those_of_the_directory_the_user_stands_in(tmp_path):
                              cwd=tmp_path, env=user_env(), capture_output=True, text=True, timeout=120)
     assert printed.returncode == 0 and 'name = "qwen3"' in printed.stdout, printed.stderr
     assert not (REPO / "runs").exists()
+
+
+def test_a_warning_while_preparing_the_run_carries_the_rank_tag_once(tmp_path):
+    """prepare() warns before training starts (here: a tokenizer_config.json whose ids tokenizer.json lacks, as in
+    torchtitan's test tokenizer); that line is tagged like every other, and the launch check does not repeat it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<|begin_of_text|>", "<|end_of_text|>", "[UNK]", *"abcdefghijklmnopqrstuvwxyz"]
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    assets = tmp_path / "tokenizer"
+    assets.mkdir()
+    tokenizer.save(str(assets / "tokenizer.json"))
+    (assets / "tokenizer_config.json").write_text(
+        '{"added_tokens_decoder": {"128000": {"content": "<|begin_of_text|>", "special": true}}}')
+    result = run_train(*TINY, "--training.steps", "1", "--model.tokenizer", "auto", "--model.hf_assets_path",
+                       str(assets), "--job.dump_folder", str(tmp_path / "run"), NPROC="2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert all(line.startswith("[rank0]:20") for line in lines), result.stderr
+    assert sum("declares ids that tokenizer.json does not have" in line for line in lines) == 1, result.stderr
