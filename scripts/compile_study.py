@@ -15,7 +15,8 @@ inductor cache, warm. Any other `--section.key VALUE` is a trainer override, pas
 
 One sample per variant is noisy on a shared machine: `--repeats N` runs the whole study N times (rounds, each in
 fresh folders and caches, so every compile stays cold) and the table gives each time's median with its range. The
-study warns when the machine is busy before it starts (load average over half the cores).
+study warns when the machine is busy before it starts (load average over half the cores). `--dry_run` checks the
+arguments and the config and prints each variant's command without running any.
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ def parse_args(argv: list[str], cuda: bool) -> tuple[argparse.Namespace, list[st
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one variant may run (default 3600)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the rows to this file (a JSON list)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of the whole study; medians and ranges")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="check the arguments and the config, print each variant's command, run nothing")
     args, overrides = parser.parse_known_args(argv)
     args.modes = parse_modes(args.modes, cuda)
     if args.steps < MIN_STEPS:
@@ -355,6 +358,11 @@ def main(argv: list[str]) -> int:
     except (UsageError, DtrainError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        for variant in plan_variants(args.modes, args.cache, cfg.compile.cache, Path("<study folder>")):
+            command = " ".join(trainer_command(variant, args.config, overrides, args.steps))
+            print(f"{variant.name}: NPROC={args.nproc} {command}")
+        return 0
     warning = busy_machine_warning(os.getloadavg()[0], os.cpu_count() or 1)
     if warning:
         print(warning, file=sys.stderr)

@@ -136,6 +136,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {repo} not found (or private without a valid --hf_token)")
     except HfHubHTTPError as exc:
         sys.exit(f"error: download from {repo} failed: {str(exc).splitlines()[0]}")
+    except Exception as exc:
+        if not _unreachable(exc):
+            raise
+        sys.exit(f"error: cannot download from {repo}: {type(exc).__name__}: {str(exc).splitlines()[0]} (this is the "
+                 "one step that needs the network to huggingface.co: run it where there is one, then copy ./assets)")
+
+
+def _unreachable(exc: Exception) -> bool:
+    """A failure to reach the Hub (no network, HF_HUB_OFFLINE, a refused or timed-out connection, a disk that cannot
+    take the file), not a bug: its HTTP client's errors (httpx, httpx2 or requests by huggingface_hub's version)
+    or an OSError."""
+    return isinstance(exc, OSError) or type(exc).__module__.split(".")[0] in ("httpx", "httpx2", "requests", "urllib3")
 
 
 if __name__ == "__main__":
