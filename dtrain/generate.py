@@ -160,6 +160,8 @@ def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, 
         from dtrain.checkpoint.hf_io import load_hf_weights
 
         load_hf_weights([model], checkpoint, family.model.hf_adapter(args))
+    elif _lora_record(checkpoint):
+        _load_lora_run_weights(model, checkpoint, cfg.lora, family.model.hf_adapter(args))
     else:
         _load_dcp_weights(model, checkpoint)
     eos_ids = () if opts.ignore_eos else eos_ids
@@ -182,6 +184,22 @@ def _load_dcp_weights(model: nn.Module, path: Path) -> None:
         dcp_io.load({prefix + k: v for k, v in weights.items()}, path)
     except Exception as err:  # DCP wraps the reader's failure; one line of it is what the user needs
         raise DtrainError(f"cannot read checkpoint {path} ({dcp_io.failure_summary(err)})") from err
+
+
+def _lora_record(path: Path) -> dict:
+    """The [lora] record of a LoRA run's checkpoint (settings and frozen base), empty for any other."""
+    from dtrain.checkpoint.folders import COMMIT_FILE, read_record
+
+    return read_record(path).lora if (path / COMMIT_FILE).is_file() else {}
+
+
+def _load_lora_run_weights(model: nn.Module, path: Path, lora, hf_adapter) -> None:
+    """A LoRA run's model with its adapters merged into the base weights (W + scaling * B @ A): the plain model
+    computes what the run's did. An adapter-only checkpoint's frozen base comes from the base it refers to."""
+    from dtrain.checkpoint.peft_export import lora_run_weights, merged_weights
+
+    base_fqns = list(model.state_dict())
+    model.load_state_dict(merged_weights(lora_run_weights(path, hf_adapter, base_fqns), lora), strict=True)
 
 
 def prompt_ids(opts: argparse.Namespace, loaded: Loaded) -> list[int]:

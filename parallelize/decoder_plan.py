@@ -3,8 +3,9 @@ tensor-parallel plan of the shared pre-norm decoder (models/transformer.py) arou
 
 Order (torchtitan's, and each step depends on the previous ones):
 1. tensor (+ sequence, + loss) parallel: the family's plan (``decoder_tp_plan`` for the shared decoder; torchao's
-   float8 styles for float8 linears, float8_tp.py); parameters become DTensors on the ``tp`` mesh; then context
-   parallel and expert parallel (expert_parallel.py), which change what attention and the MoE layers exchange;
+   float8 styles for float8 linears, float8_tp.py; LoRA's for LoRA linears, lora_parallel.py); parameters become
+   DTensors on the ``tp`` mesh; then context parallel and expert parallel (expert_parallel.py), which change what
+   attention and the MoE layers exchange;
 2. activation checkpointing of blocks (wraps each block, so it must see the TP'd block);
 3. ``torch.compile`` per block (compiles the TP'd, checkpointed block as one graph), or of the whole model part
    (``compile.granularity = model_whole``);
@@ -30,6 +31,7 @@ from dtrain.parallelize.data_parallel import apply_ddp, apply_fsdp, parse_dtype
 from dtrain.parallelize.errors import ParallelismError
 from dtrain.parallelize.expert_parallel import apply_ep
 from dtrain.parallelize.float8_tp import float8_tp_plan
+from dtrain.parallelize.lora_parallel import lora_tp_plan
 from dtrain.parallelize.mesh import ParallelMesh, fsdp_mesh
 from dtrain.parallelize.mixed_precision import autocast_forward, reduce_ddp_gradients_in
 from dtrain.parallelize.moe_hooks import reduce_expert_loads_over
@@ -135,7 +137,8 @@ def parallelize_decoder(
         plan = tp_plan(sequence_parallel=dims.sequence_parallel_enabled, loss_parallel=dims.loss_parallel_enabled)
         if dims.ep_enabled:
             plan = without_routed_experts(plan)
-        apply_tp(model, mesh["tp"], float8_tp_plan(resolve_plan(plan, model), model, mesh["tp"]))
+        plan = float8_tp_plan(resolve_plan(plan, model), model, mesh["tp"])
+        apply_tp(model, mesh["tp"], lora_tp_plan(plan, model))
         if _is_tied(model):
             # Embedding rows and head columns are both Shard(0) of the same [vocab, dim] weight; the plan
             # distributed them separately, so make them one parameter again.

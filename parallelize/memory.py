@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
@@ -18,13 +19,18 @@ def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def stored_bytes(tensor: torch.Tensor) -> int:
+    """The bytes `tensor` (a DTensor: its local shard) holds: a tensor subclass's inner tensors (torchao's NF4
+    codes and scales), not the size of the tensor it stands for."""
+    local = local_shard(tensor)
+    if is_traceable_wrapper_subclass(local):
+        names, _ = local.__tensor_flatten__()
+        return sum(stored_bytes(getattr(local, name)) for name in names)
+    return local.numel() * local.element_size()
+
+
 def _local_bytes(tensors) -> int:
-    total = 0
-    for tensor in tensors:
-        if tensor is not None:
-            local = local_shard(tensor)
-            total += local.numel() * local.element_size()
-    return total
+    return sum(stored_bytes(tensor) for tensor in tensors if tensor is not None)
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,12 @@ class ScaledLoss:
     def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.loss_fn(output, target) * self.grad_scale
 
+    def unrecorded(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The same loss for a run that is no microbatch's (a stage's metadata inference, on placeholder inputs):
+        a loss function that keeps records besides its value (a mixture's per-source sums) has an `unrecorded`
+        form that keeps none."""
+        return getattr(self.loss_fn, "unrecorded", self.loss_fn)(output, target) * self.grad_scale
+
 
 @dataclass
 class Pipeline:
@@ -191,7 +197,11 @@ class StatelessInferenceStage(PipelineStageWithForwardOnlyHandoff):
     torch 2.11's ``_shape_inference``). A module that keeps statistics in buffers would count that run as
     training: an MoE layer's token counts (models/moe.py), which then move its loss-free balancing bias otherwise
     than one process would. The buffers are restored after the inference run, and it adds no extra loss term.
+    torch 2.13 also runs the last stage's loss once to infer the gradients' shapes: through its `unrecorded` form.
     """
+
+    def _backward_metadata_inference(self, loss_fn=None, **kwargs):
+        return super()._backward_metadata_inference(loss_fn=getattr(loss_fn, "unrecorded", loss_fn), **kwargs)
 
     def _forward_metadata_inference(self, *args, **kwargs):
         with _buffers_restored(self.submod), shape_inference(self.submod):

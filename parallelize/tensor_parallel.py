@@ -116,8 +116,14 @@ def resolve_plan(plan: TPPlan, model: nn.Module) -> TPPlan:
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, plan: TPPlan) -> None:
-    """Apply a TP plan in place (parameters become DTensors on ``tp_mesh``)."""
+    """Apply a TP plan in place (parameters become DTensors on ``tp_mesh``); frozen parameters stay frozen."""
+    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
     parallelize_module(model, tp_mesh, plan)
+    # torch's SequenceParallel re-registers a norm's parameters as trainable (torch 2.13), which would unfreeze a
+    # LoRA run's base norms.
+    for name, param in model.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)
 
 
 def _describe_placements(placements: tuple[Placement | None, ...] | Placement | None) -> str:

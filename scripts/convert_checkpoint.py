@@ -6,11 +6,16 @@
     python scripts/convert_checkpoint.py from-hf /models/Llama-3.1-8B dcp_out
     # DCP -> one file for plain torch: torch.load("model.pt", weights_only=True)
     python scripts/convert_checkpoint.py to-torch outputs/run/checkpoint/step-1000 model.pt
+    # a LoRA run's DCP checkpoint -> PEFT adapter folder (adapter_config.json + adapter_model.safetensors)
+    python scripts/convert_checkpoint.py to-peft outputs/run/checkpoint/step-1000 adapter_out
 
 to-hf needs the model's hyperparameters: it reads the run's resolved config (<run>/config.toml, found two folders
 above the checkpoint; or --config), which records them in full; the config.json it writes carries the special-token
 ids of the HF config the run started from, else of its tokenizer. from-hf reads family and shape from the HF
-config.json (--family overrides its architecture / model_type).
+config.json (--family overrides its architecture / model_type). A LoRA run's checkpoint (lora.enable in its
+config) goes to-hf with every adapter merged into its base weight, its frozen base read from where the run read it
+(an adapter-only checkpoint refers to it), and to-peft as the adapters alone, which peft.PeftModel.from_pretrained
+loads onto the Hugging Face base model.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,8 +31,11 @@ import torch
 from dtrain.checkpoint import dcp_io
 from dtrain.checkpoint.folders import CommitRecord, commit
 from dtrain.checkpoint.hf_io import CONFIG_FILE, build_adapter, iter_hf_weights, read_hf_config, save_hf, token_ids
+from dtrain.checkpoint.peft_export import lora_run_weights, save_merged_hf, save_peft_adapter
+from dtrain.checkpoint.peft_names import is_lora
 from dtrain.errors import DtrainError
 from dtrain.parallelize import FAMILIES, get_family
+from dtrain.precision.lora import apply_lora
 from dtrain.run.hf_start import family_of
 
 DTYPES = dcp_io.EXPORT_DTYPES  # the dtypes of checkpoint.export_dtype
@@ -47,10 +56,25 @@ def run_config_args(checkpoint: Path, config: Path | None):
     return family.name, model_args(cfg, family.model, build_tokenizer(cfg.model).vocab_size, start), cfg
 
 
-def expected_shapes(family_name: str, args) -> dict[str, tuple[int, ...]]:
+def expected_shapes(family_name: str, args, lora=None) -> dict[str, tuple[int, ...]]:
+    """{FQN: shape} of the model of `args` (with the adapters of `lora`, the [lora] section, where enabled)."""
     with torch.device("meta"):
         model = get_family(family_name).model.model_cls(args)
+    if lora is not None and lora.enable:
+        apply_lora(model, lora)
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def run_weights(checkpoint: Path, family: str, args, cfg, adapter) -> dict[str, torch.Tensor]:
+    """Every weight of the run's checkpoint (a LoRA run's base included), refused unless they are its model's."""
+    expected = expected_shapes(family, args, cfg.lora)
+    if cfg.lora.enable:
+        weights = lora_run_weights(checkpoint, adapter, [fqn for fqn in expected if not is_lora(fqn)])
+    else:
+        weights = dcp_io.read_full_weights(checkpoint)
+    if {k: tuple(v.shape) for k, v in weights.items()} != expected:
+        raise DtrainError(f"{checkpoint} does not hold the weights of the model its config describes")
+    return weights
 
 
 def to_hf(opts) -> None:
@@ -60,13 +84,31 @@ def to_hf(opts) -> None:
         adapter.hf_config(DTYPES[opts.dtype])
     except ValueError as err:
         raise DtrainError(f"cannot export {opts.checkpoint} to Hugging Face: {err}") from None
-    weights = dcp_io.read_full_weights(opts.checkpoint)
-    expected = expected_shapes(family, args)
-    if {k: tuple(v.shape) for k, v in weights.items()} != expected:
-        raise DtrainError(f"{opts.checkpoint} does not hold the weights of the model its config describes")
-    files = save_hf(weights, opts.out, adapter, DTYPES[opts.dtype], int(opts.max_shard_gb * 2**30),
-                    special_tokens=token_ids(cfg.model, cfg.checkpoint))
-    print(f"wrote {len(files)} files to {opts.out}")
+    weights = run_weights(opts.checkpoint, family, args, cfg, adapter)
+    save = partial(save_merged_hf, lora=cfg.lora) if cfg.lora.enable else save_hf
+    files = save(weights, opts.out, adapter, dtype=DTYPES[opts.dtype], max_shard_bytes=int(opts.max_shard_gb * 2**30),
+                 special_tokens=token_ids(cfg.model, cfg.checkpoint))
+    merged = " (LoRA adapters merged into the base)" if cfg.lora.enable else ""
+    print(f"wrote {len(files)} files to {opts.out}{merged}")
+
+
+def to_peft(opts) -> None:
+    family, args, cfg = run_config_args(opts.checkpoint, opts.config)
+    if not cfg.lora.enable:
+        raise DtrainError(f"{opts.checkpoint} is not a LoRA run's checkpoint (its config has lora.enable = false)")
+    adapter = build_adapter(family, args)
+    adapters = {fqn: t for fqn, t in dcp_io.read_full_weights(opts.checkpoint).items() if is_lora(fqn)}
+    expected = expected_shapes(family, args, cfg.lora)
+    if {fqn: tuple(t.shape) for fqn, t in adapters.items()} != {k: v for k, v in expected.items() if is_lora(k)}:
+        raise DtrainError(f"{opts.checkpoint} does not hold the adapters its config's [lora] describes")
+    # The base's names and shapes tell PEFT's target_modules; its values are not needed.
+    base = {fqn: torch.empty(shape, device="meta") for fqn, shape in expected.items() if not is_lora(fqn)}
+    c = cfg.checkpoint
+    base_path = c.initial_load_path if c.initial_load_in_hf and c.initial_load_path else None
+    files = save_peft_adapter({**base, **adapters}, opts.out, adapter, cfg.lora, DTYPES[opts.dtype],
+                              base_model_name_or_path=base_path)
+    of_base = f" of {base_path}" if base_path else ""
+    print(f"wrote {len(files)} files to {opts.out} (PEFT LoRA adapter{of_base})")
 
 
 def from_hf(opts) -> None:
@@ -114,12 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     back.add_argument("--family", choices=sorted(FAMILIES), default=None,
                       help="model family (default: config.json's architectures / model_type)")
     back.add_argument("--dtype", choices=DTYPES, default="float32")
+    lora = commands.add_parser("to-peft", help="a LoRA run's DCP checkpoint -> PEFT adapter folder")
+    lora.add_argument("checkpoint", type=Path)
+    lora.add_argument("out", type=Path)
+    lora.add_argument("--config", type=Path, default=None, help="the run's config.toml (default: <run>/config.toml)")
+    lora.add_argument("--dtype", choices=DTYPES, default="float32")
     plain = commands.add_parser("to-torch", help="DCP checkpoint -> one torch.save file")
     plain.add_argument("checkpoint", type=Path)
     plain.add_argument("out", type=Path)
     opts = parser.parse_args(argv)
     try:
-        {"to-hf": to_hf, "from-hf": from_hf, "to-torch": to_torch}[opts.command](opts)
+        {"to-hf": to_hf, "from-hf": from_hf, "to-torch": to_torch, "to-peft": to_peft}[opts.command](opts)
     except DtrainError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

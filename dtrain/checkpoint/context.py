@@ -8,7 +8,7 @@ from typing import Any, Callable, TypeVar
 
 import torch.distributed as dist
 
-from dtrain.config.schema import Checkpoint, Model, Optimizer, Parallelism, Training
+from dtrain.config.schema import Checkpoint, LoRA, Model, Optimizer, Parallelism, Training
 from dtrain.errors import DtrainError
 from dtrain.models.decoder import DecoderArgs
 from dtrain.step.state import TrainState
@@ -41,6 +41,9 @@ class RunContext:
     world_size: int
     group: dist.ProcessGroup | None
     model_args: DecoderArgs | None  # None: a state with no model family (tests, tools)
+    lora: LoRA | None = None  # the [lora] section
+    # The frozen base this LoRA run's checkpoints refer to instead of holding it (lora_base.py); set at start-up.
+    base: dict[str, Any] | None = None
 
     def data_layout(self) -> dict[str, Any]:
         """What the saved data position means: resuming it is exact only if these are unchanged (dp_size aside).

@@ -83,6 +83,9 @@ class CommitRecord:
     # The model it holds: {"name", "flavor", "args": every resolved arg} (config_checks.model_record), so that a resume
     # can refuse another model; empty in older records and where the saver had no model args.
     model: dict = field(default_factory=dict)
+    # A LoRA run's [lora] settings and the reference to the frozen base its adapter-only checkpoints leave out
+    # (lora_base.lora_record); empty for a run without LoRA and in older records.
+    lora: dict = field(default_factory=dict)
 
     @property
     def model_only(self) -> bool:

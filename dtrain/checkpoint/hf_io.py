@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dtrain.checkpoint.dcp_io import model_state_dict, place_like, set_model_weights
+from dtrain.checkpoint.peft_names import is_lora
 from dtrain.errors import DtrainError
 from dtrain.models.decoder import DecoderArgs
 from dtrain.parallelize import get_family
@@ -104,14 +105,17 @@ def iter_hf_weights(path: Path, adapter, fqns: list[str]) -> Iterator[tuple[str,
 
 
 def load_hf_weights(model_parts: list[nn.Module], path: Path, adapter) -> None:
-    """Load HF safetensors weights into the (possibly sharded) model parts; every weight must be found."""
+    """Load HF safetensors weights into the (possibly sharded) model parts; every weight but LoRA adapters must be
+    found."""
     config = read_hf_config(path)
     if config is not None:
         try:
             adapter.check_hf_config(config)
         except ValueError as err:
             raise DtrainError(f"Hugging Face config {path}/{CONFIG_FILE} {err}") from None
-    targets = model_state_dict(model_parts)
+    # A Hugging Face model folder holds a LoRA model's frozen base; its adapters come from elsewhere (their init, a
+    # PEFT adapter, a checkpoint).
+    targets = {fqn: t for fqn, t in model_state_dict(model_parts).items() if not is_lora(fqn)}
     loaded: dict[str, torch.Tensor] = {}
     for fqn, full in iter_hf_weights(path, adapter, list(targets)):
         target = targets[fqn]

@@ -43,9 +43,11 @@ from dtrain.checkpoint.folders import (
     scan_checkpoints,
     step_dir,
 )
+from dtrain.checkpoint.lora_base import lora_record
+from dtrain.checkpoint.peft_names import is_lora
 from dtrain.checkpoint.restore import Startup, restore_at_startup
 from dtrain.checkpoint.save_failures import save_failed
-from dtrain.config.schema import Checkpoint, Model, Optimizer, Parallelism, Training
+from dtrain.config.schema import Checkpoint, LoRA, Model, Optimizer, Parallelism, Training
 from dtrain.errors import DtrainError
 from dtrain.models.decoder import DecoderArgs
 from dtrain.step.optimizer import param_grouping
@@ -71,7 +73,8 @@ class CheckpointManager:
     Must be constructed on every rank at the same point (it creates a gloo process group when distributed).
     `checkpoint` has passed `check_checkpoint_config` (the pre-flight runs it); the other sections are those the
     checkpoints record and restore checks (see `RunContext`). `model_args` are the model family's args, needed to
-    load Hugging Face weights.
+    load Hugging Face weights; `lora` the [lora] section (a LoRA run's checkpoints may hold its adapters only:
+    lora_base.py).
     """
 
     def __init__(
@@ -87,12 +90,13 @@ class CheckpointManager:
         model: Model,
         optimizer: Optimizer,
         model_args: DecoderArgs | None = None,
+        lora: LoRA | None = None,
     ):
         group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
         folder = Path(run_dir) / checkpoint.folder
         self.ctx = RunContext(
             checkpoint, training, parallelism, model, optimizer, folder, state, world_rank, world_size, group,
-            model_args,
+            model_args, lora,
         )
         self.cfg = checkpoint
         self.folder = folder
@@ -159,11 +163,11 @@ class CheckpointManager:
         partial, final = self._open_folder(step)
         dtype = dtype or self.cfg.export_dtype
         if model_only:
-            state_dict = dcp_io.export_weights(state.model_parts, dcp_io.EXPORT_DTYPES[dtype])
+            state_dict = self._saved_weights(dcp_io.export_weights(state.model_parts, dcp_io.EXPORT_DTYPES[dtype]))
             weights = state_dict
         else:
             state_dict = state.state_dict()
-            weights = state_dict[dcp_io.MODEL_KEY]
+            weights = state_dict[dcp_io.MODEL_KEY] = self._saved_weights(state_dict[dcp_io.MODEL_KEY])
         record = self._record(step, "model_only" if model_only else "full", weights)
         started = time.perf_counter()
         if self._async is not None and not blocking:
@@ -181,14 +185,23 @@ class CheckpointManager:
         self._commit(partial, final, record, started)
         self.last_blocked_s = time.perf_counter() - started
 
+    def _saved_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The weights a checkpoint holds: a LoRA run that started from a base checkpoint keeps only the adapters
+        (and a reference to the base: lora_base.py)."""
+        if self.ctx.base is None:
+            return weights
+        return {fqn: tensor for fqn, tensor in weights.items() if is_lora(fqn)}
+
     def save_hf(self, step: int) -> None:
-        """Save the weights as Hugging Face safetensors with config.json, in checkpoint.export_dtype, as step-`step`.
+        """Save the weights as Hugging Face safetensors with config.json, in checkpoint.export_dtype, as step-`step`;
+        a LoRA run's with every adapter merged into its base weight (peft_export.py).
 
         Every rank first writes its shards as DCP inside the folder (any layout, pipeline stages included); rank 0
         then reads them back whole and writes the safetensors, as scripts/convert_checkpoint.py to-hf does. Always
         blocking: it is the run's last save, and the process exits after it.
         """
         from dtrain.checkpoint.hf_io import build_adapter, save_hf, token_ids
+        from dtrain.checkpoint.peft_export import save_merged_hf
 
         self._wait_and_commit()
         partial, final = self._open_folder(step)
@@ -202,7 +215,11 @@ class CheckpointManager:
             if self.ctx.rank == 0:
                 adapter = build_adapter(self.ctx.model.name, self.ctx.model_args)
                 tokens = token_ids(self.ctx.model, self.cfg)
-                save_hf(dcp_io.read_full_weights(shards), partial, adapter, dtype, special_tokens=tokens)
+                full = dcp_io.read_full_weights(shards)
+                if self.ctx.lora is not None and self.ctx.lora.enable:
+                    save_merged_hf(full, partial, adapter, self.ctx.lora, dtype, special_tokens=tokens)
+                else:
+                    save_hf(full, partial, adapter, dtype, special_tokens=tokens)
                 shutil.rmtree(shards)
         except (Exception, CheckpointException) as err:
             raise save_failed(partial, "Hugging Face save", err) from None
@@ -239,6 +256,7 @@ class CheckpointManager:
             optimizer=ctx.optimizer.name if kind == "full" else "",
             optimizer_grouping=param_grouping(ctx.optimizer) if kind == "full" else "",
             model=model_record(ctx.model, ctx.model_args),
+            lora=lora_record(ctx.lora, ctx.base),
         )
 
     def save_seed_checkpoint(self) -> Path:
@@ -314,6 +332,8 @@ class CheckpointManager:
         kind = f"weights only, {record.dtype}" if record.model_only else "full state"
         if record.kind == HF_KIND:
             kind = f"Hugging Face safetensors, {record.dtype}"
+        if record.lora.get("base"):
+            kind += f"; LoRA adapters only, the frozen base is {record.lora['base']['path']}"
         how = f" in the background, training blocked {self.last_blocked_s:.2f} s" if background else ""
         logger.info(
             f"checkpoint: saved {final} ({kind}) in {time.perf_counter() - started:.2f} s{how}"

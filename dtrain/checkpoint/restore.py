@@ -6,6 +6,9 @@ from scratch (or fail, with checkpoint.require_checkpoint). Rank 0 decides; ever
 2. initial_load: else checkpoint.initial_load_path is set → its weights (the whole state with
                  initial_load_model_only = false), DCP or Hugging Face safetensors; the run saves into its own folder.
 3. scratch:      else the freshly initialised state.
+
+A LoRA run's adapter-only checkpoint (lora_base.py) loads its frozen base from the reference it records first; a
+LoRA run's initial load may add the adapters of a PEFT folder (lora.initial_adapter_path; lora_start.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from dtrain.checkpoint.folders import (
     read_record,
     scan_checkpoints,
 )
+from dtrain.checkpoint.lora_base import check_lora_settings
+from dtrain.checkpoint.lora_start import load_base, lora_weights, start_lora
 from dtrain.checkpoint.optimizer_checks import (
     check_grouping,
     check_param_groups,
@@ -111,6 +116,10 @@ def restore_at_startup(ctx: RunContext) -> Startup:
             raise LoadFailed(f"{err}{hint}") from None
         startup = Startup(plan.rule, ctx.state.step, plan.path, plan.model_only)
         break
+    if ctx.lora is not None and ctx.lora.enable and ctx.lora.quantize_base:
+        from dtrain.precision.qlora import quantize_base_weights  # QLoRA quantizes the weights just loaded
+
+        quantize_base_weights(ctx.state.model_parts)
     logger.info(startup.describe())
     if startup.rule == "resume" and startup.step >= ctx.training.steps:
         logger.info(f"checkpoint: the run already reached training.steps = {ctx.training.steps}; nothing to train")
@@ -255,6 +264,11 @@ def _apply(ctx: RunContext, plan: _Plan) -> None:
     record = plan.record
     if record is not None and plan.rule == "resume":
         check_resume_changes(ctx, plan.path, record)  # another model, seq_len or batch: config_checks.py says why
+        check_lora_settings(plan.path, record.lora, ctx.lora)
+    # An adapter-only checkpoint of a LoRA run: its frozen base first, from where the run read it (lora_base.py).
+    base = record.lora.get("base") if record is not None and record.lora else None
+    if base is not None:
+        load_base(ctx, plan.path, base, load_weights)
     if record is not None:
         check_tying(plan.path, record, ctx.model_args)
     if record is not None and (record.world_size, record.parallelism) != (ctx.world_size, ctx.parallel_degrees()):
@@ -270,11 +284,13 @@ def _apply(ctx: RunContext, plan: _Plan) -> None:
         # Only a checkpoint from elsewhere (no commit record) may spell the weights otherwise; dtrain's are ours.
         foreign = plan.rule == "initial_load" and record is None
         spellings = family_spellings(ctx.model.name, ctx.model_args) if foreign else ()
-        load_weights(ctx, plan.path, spellings, ctx.checkpoint.initial_load_writer if foreign else "dtrain")
+        writer = ctx.checkpoint.initial_load_writer if foreign else "dtrain"
+        load_weights(ctx, plan.path, spellings, writer, adapters_only=base is not None)
     else:
-        load_full_state(ctx, plan.path, plan.record)
-        return
-    if plan.rule == "resume" and record is not None and record.step > 0:
+        load_full_state(ctx, plan.path, plan.record, adapters_only=base is not None)
+    if ctx.lora is not None and ctx.lora.enable:
+        start_lora(ctx, plan.rule, plan.path, plan.source, base)
+    if plan.model_only and plan.rule == "resume" and record is not None and record.step > 0:
         # A finished run's final model-only save: nothing is left to train, so only the counters move.
         ctx.state.step, ctx.state.tokens_seen = record.step, record.tokens_seen
 
@@ -298,13 +314,16 @@ def _degrees(parallelism: dict) -> str:
 
 
 def load_weights(
-    ctx: RunContext, path: Path, spellings: tuple[WeightSpelling, ...] = (), writer: str = "dtrain"
+    ctx: RunContext, path: Path, spellings: tuple[WeightSpelling, ...] = (), writer: str = "dtrain",
+    adapters_only: bool = False,
 ) -> None:
     """Load the model weights (resharded to this layout) from a full or model-only DCP checkpoint, named as ours
-    or as one of `spellings`, as `writer` (checkpoint.initial_load_writer) and the names decide (spellings.py)."""
-    weights = dcp_io.model_state_dict(ctx.state.model_parts)
+    or as one of `spellings`, as `writer` (checkpoint.initial_load_writer) and the names decide (spellings.py).
+
+    Only LoRA adapters when `adapters_only`; adapters a checkpoint lacks (a base model's) keep their init."""
     shapes = dcp_io.read_tensor_shapes(path)
     prefix = dcp_io.weights_prefix(shapes)
+    weights = lora_weights(dcp_io.model_state_dict(ctx.state.model_parts), shapes, prefix, adapters_only)
     spelling = None
     if spellings:
         spelling = find_spelling(shapes, prefix, model_fqns(weights, ctx.group), spellings, writer, path)
@@ -326,8 +345,9 @@ def load_weights(
     dcp_io.set_model_weights(ctx.state.model_parts, loaded)
 
 
-def load_full_state(ctx: RunContext, path: Path, record: CommitRecord) -> None:
-    """Load the whole TrainState from `path` except checkpoint.exclude_from_loading, resharding as needed."""
+def load_full_state(ctx: RunContext, path: Path, record: CommitRecord, adapters_only: bool = False) -> None:
+    """Load the whole TrainState from `path` except checkpoint.exclude_from_loading, resharding as needed (of the
+    weights only the LoRA adapters when `adapters_only`)."""
     state = ctx.state
     exclude = set(ctx.checkpoint.exclude_from_loading)
     if "dataloader" not in exclude:
@@ -337,6 +357,7 @@ def load_full_state(ctx: RunContext, path: Path, record: CommitRecord) -> None:
         check_grouping(path, record.optimizer_grouping, param_grouping(ctx.optimizer))
     current = state.state_dict()
     shapes = dcp_io.read_tensor_shapes(path)
+    current[dcp_io.MODEL_KEY] = lora_weights(current[dcp_io.MODEL_KEY], shapes, f"{dcp_io.MODEL_KEY}.", adapters_only)
     dcp_io.check_weights_fit(path, shapes, f"{dcp_io.MODEL_KEY}.", current[dcp_io.MODEL_KEY])
     wanted = {k: v for k, v in current.items() if k not in exclude}
     ours, settings = group_values(current[dcp_io.OPTIMIZER_KEY]), group_settings(state.optimizer)

@@ -149,7 +149,36 @@ class DataLoader:
     )
 
 
-DATASET_KINDS = ("builtin", "synthetic", "files", "hf", "c4", "c4_test", "c4_validation", "tokens", "mixture")
+DATASET_KINDS = (
+    "builtin", "synthetic", "files", "hf", "c4", "c4_test", "c4_validation", "tokens", "chat", "mixture"
+)
+
+
+@dataclass
+class Chat:
+    chat_template: str = opt(
+        "",
+        "The chat template: empty = the tokenizer's own (tokenizer_config.json's chat_template or "
+        "chat_template.jinja, rendered as transformers does), plain when it has none; plain; or a .jinja file.",
+    )
+    train_on_input: bool = opt(False, "Train on every token, not only the assistant's answers.")
+    packed: bool = opt(
+        True,
+        "Pack several whole conversations per sequence (each its own document under "
+        "attention_mask = block_causal); false: one conversation per sequence, padded (padding is not trained).",
+    )
+    overlong_policy: str = opt(
+        "drop",
+        "A conversation longer than seq_len + 1 tokens is dropped, or truncated to it; the counts "
+        "are logged once per pass.",
+        choices=("drop", "truncate"),
+    )
+    messages_field: str = opt("messages", "The field of a row holding its list of messages.")
+    role_field: str = opt("role", "The field of a message holding its role (ShareGPT: from).")
+    content_field: str = opt("content", "The field of a message holding its text (ShareGPT: value).")
+    prompt_field: str = opt("prompt", "A prompt/completion row's prompt field (text or messages).")
+    completion_field: str = opt("completion", "A prompt/completion row's completion field.")
+    streaming: bool = opt(False, "Read dataset_path's data files with datasets' load_dataset(streaming=True).")
 
 
 @dataclass
@@ -159,7 +188,8 @@ class Training:
         "Data source: builtin (stdlib sources, no download), synthetic, files (text/JSONL/Parquet at dataset_path), "
         "hf (Hugging Face datasets at dataset_path), c4 (a local copy made by scripts/download_hf_assets.py; "
         "c4_test: its first 2000 training documents, c4_validation: its validation split), tokens (a folder of "
-        "token shards written by scripts/tokenize_dataset.py) or mixture (the sources of dataset_mixture).",
+        "token shards written by scripts/tokenize_dataset.py), chat (conversations for fine-tuning at dataset_path, "
+        "see [training.chat]; empty path: bundled arithmetic chats) or mixture (the sources of dataset_mixture).",
         choices=DATASET_KINDS,
     )
     dataset_path: str = opt("", "File, folder or HF dataset path/name for files, hf, c4 and tokens datasets.")
@@ -211,6 +241,7 @@ class Training:
         "exceeds the device's or the host's memory; the estimate is then logged as a warning.",
     )
     dataloader: DataLoader = field(default_factory=DataLoader)
+    chat: Chat = field(default_factory=Chat)
 
 
 @dataclass
@@ -523,6 +554,32 @@ class Quantize:
 
 
 @dataclass
+class LoRA:
+    enable: bool = opt(False, "Fine-tune low-rank adapters (LoRA) on the targeted linears; base weights are frozen.")
+    rank: int = opt(8, "Adapter rank r (PEFT's r).", minimum=1)
+    alpha: float = opt(
+        16.0, "Adapter scale numerator: updates are scaled by alpha / rank (PEFT's lora_alpha).", minimum=0.0
+    )
+    dropout: float = opt(0.0, "Dropout on the adapters' input (PEFT's lora_dropout), in [0, 1).", minimum=0.0)
+    target_modules: list[str] = opt(
+        ["wq", "wk", "wv", "wo"],
+        "Linears to adapt: patterns matched against the end of module names, one dotted atom at a time with * "
+        "globs (wq, attention.*, feed_forward.w1, layers.0.attention.wq), or all-linear (all but the output head).",
+    )
+    use_rslora: bool = opt(False, "rsLoRA: scale updates by alpha / sqrt(rank) instead of alpha / rank.")
+    quantize_base: bool = opt(
+        False,
+        "QLoRA: store the adapted linears' frozen base weights as torchao NF4 (4-bit, ~0.52 bytes per value), "
+        "quantized after checkpoint.initial_load_path loads them; one process or FSDP2.",
+    )
+    initial_adapter_path: str = opt(
+        "",
+        "PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to start the adapters from, on the "
+        "base of checkpoint.initial_load_path; its r, lora_alpha, use_rslora and targets must match [lora].",
+    )
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -539,3 +596,4 @@ class JobConfig:
     debug: Debug = field(default_factory=Debug)
     comm: Comm = field(default_factory=Comm)
     quantize: Quantize = field(default_factory=Quantize)
+    lora: LoRA = field(default_factory=LoRA)

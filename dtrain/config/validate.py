@@ -41,6 +41,7 @@ def validate_config(cfg: JobConfig) -> None:
     _check_validation(cfg)
     _check_profiling(cfg)
     check_converters(cfg)
+    _check_lora(cfg)
 
 
 def _check_fields(cfg: JobConfig) -> None:
@@ -140,7 +141,11 @@ def _check_data_and_tokenizer(cfg: JobConfig) -> None:
     if t.dataset in ("files", "hf", "tokens") and not t.dataset_path:
         raise ConfigError(f"training.dataset = {t.dataset} needs training.dataset_path")
     if t.dataset == "mixture":
-        parse_mixture(t.dataset_mixture, MIXABLE_KINDS)
+        if any(entry.kind == "chat" for entry in parse_mixture(t.dataset_mixture, MIXABLE_KINDS)):
+            raise ConfigError(
+                "training.dataset_mixture cannot hold chat data (its sequences carry their own labels and documents); "
+                "set training.dataset = chat to fine-tune on one chat dataset"
+            )
         if t.dataset_path:
             raise ConfigError(
                 "training.dataset_path is not read with training.dataset = mixture: give each source's path in "
@@ -188,4 +193,81 @@ def _check_profiling(cfg: JobConfig) -> None:
         raise ConfigError(
             f"profiling.profiler_warmup + profiling.profiler_active ({p.profiler_warmup} + {p.profiler_active}) "
             f"must be <= profiling.profile_freq ({p.profile_freq})"
+        )
+
+
+def _check_initial_adapter(cfg: JobConfig) -> None:
+    """lora.initial_adapter_path continues a PEFT adapter: on its base model, in a LoRA run (peft_import.py checks
+    its settings and tensors against the run's when it loads)."""
+    path = Path(cfg.lora.initial_adapter_path)
+    if not cfg.lora.enable:
+        raise ConfigError(f"lora.initial_adapter_path {path} needs lora.enable = true (and [lora] as it was trained)")
+    if not cfg.checkpoint.initial_load_path:
+        raise ConfigError(
+            f"lora.initial_adapter_path {path} adapts a base model: set checkpoint.initial_load_path to that base "
+            "(a Hugging Face folder with checkpoint.initial_load_in_hf = true, or a DCP checkpoint)"
+        )
+    if not (path / "adapter_config.json").is_file():
+        raise ConfigError(f"lora.initial_adapter_path {path} is not a PEFT adapter folder (no adapter_config.json)")
+
+
+# The layouts NF4 base weights are proven on (tests/parallelize/test_parity_lora.py): one process, and FSDP2.
+QLORA_REFUSED_DEGREES = (
+    "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "data_parallel_replicate_degree",
+)
+
+
+def _check_qlora(cfg: JobConfig) -> None:
+    """lora.quantize_base stores a base model's weights as NF4 once they are loaded (precision/qlora.py); its
+    shapes are checked against NF4's blocks by the pre-flight."""
+    if not cfg.lora.enable:
+        raise ConfigError("lora.quantize_base needs lora.enable = true (it stores the LoRA linears' bases as NF4)")
+    if not cfg.checkpoint.initial_load_path:
+        raise ConfigError(
+            "lora.quantize_base quantizes a base model: set checkpoint.initial_load_path to it (a Hugging Face folder "
+            "with checkpoint.initial_load_in_hf = true, or a DCP checkpoint); the run's checkpoints then refer to it"
+        )
+    if cfg.checkpoint.last_save_in_hf:
+        raise ConfigError(
+            "checkpoint.last_save_in_hf with lora.quantize_base is not built (the run holds its base as NF4); set "
+            "checkpoint.last_save_in_hf = false and convert the last checkpoint: scripts/convert_checkpoint.py to-peft "
+            "(the adapters) or to-hf (merged into the full-precision base)"
+        )
+    p = cfg.parallelism
+    for key in QLORA_REFUSED_DEGREES:
+        if getattr(p, key) > 1:
+            raise ConfigError(
+                f"lora.quantize_base with parallelism.{key} = {getattr(p, key)} is not built (NF4 base weights are "
+                "built for one process and FSDP2); shard with parallelism.data_parallel_shard_degree alone, or set "
+                "lora.quantize_base = false"
+            )
+
+
+def _check_lora(cfg: JobConfig) -> None:
+    """LoRA's own keys; its target modules are checked against the model by the pre-flight (precision/lora.py)."""
+    lora = cfg.lora
+    if lora.initial_adapter_path:
+        _check_initial_adapter(cfg)
+    if lora.quantize_base:
+        _check_qlora(cfg)
+    if not lora.enable:
+        return
+    if lora.dropout >= 1:
+        raise ConfigError(f"lora.dropout must be in [0, 1); got {lora.dropout:g}")
+    p = cfg.parallelism
+    split = [f"parallelism.{key} = {getattr(p, key)}" for key in ("tensor_parallel_degree", "context_parallel_degree")
+             if getattr(p, key) > 1]
+    if lora.dropout > 0 and split:
+        # Random streams are per data-parallel rank: the TP or CP ranks that split one sequence's features or tokens
+        # would draw the same mask for each of their parts.
+        raise ConfigError(
+            f"lora.dropout > 0 with {split[0]} is not built (each rank's part of the features or tokens would draw "
+            "the same dropout mask); set lora.dropout = 0 or train without tensor/context parallel"
+        )
+    if not lora.target_modules:
+        raise ConfigError("lora.target_modules is empty; name the linears to adapt (e.g. wq,wk,wv,wo or all-linear)")
+    if cfg.model.converters:
+        raise ConfigError(
+            f"lora.enable does not compose with model.converters = {cfg.model.converters[0]} (low-precision base "
+            "linears); remove one of them"
         )

@@ -20,7 +20,8 @@ from dtrain.config.dataset_mixture import MIXABLE_KINDS, parse_mixture
 from dtrain.config.schema import DataLoader as DataLoaderConfig
 from dtrain.config.schema import Training
 from dtrain.data.background import Prefetcher
-from dtrain.data.mixture import Interleave
+from dtrain.data.chat_packing import build_chat_samples, chat_batch
+from dtrain.data.mixture import Interleave, source_names
 from dtrain.data.samples import PackedSamples, SampleSource, TokenSamples
 from dtrain.data.source_factory import build_source
 from dtrain.data.sources import DocumentSource
@@ -62,10 +63,11 @@ class _Batches:
         self.bos_id, self.pin = bos_id, pin
         self.sequences = 0
 
-    def _windows(self) -> torch.Tensor:
+    def _windows(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This rank's windows, and the source of each (None: one source)."""
         count, first, keep = self.dp_size * self.local_batch_size, self.dp_rank * self.local_batch_size, self.local_batch_size
         if self.interleave is None:
-            return self.sources[0].take(count, first, keep)
+            return self.sources[0].take(count, first, keep), None
         # Each source hands out its samples of the global batch in its own order; this rank's are a run of them.
         owners = torch.from_numpy(self.interleave.sources(self.sequences, count))
         mine = owners[first : first + keep]
@@ -74,13 +76,18 @@ class _Batches:
             ours = mine == index
             taken = source.take(int((owners == index).sum()), int((owners[:first] == index).sum()), int(ours.sum()))
             windows[ours] = taken
-        return windows
+        return windows, mine
 
     def next(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-        windows = self._windows()
+        windows, owners = self._windows()
         self.sequences += self.dp_size * self.local_batch_size
-        batch = {"input_ids": windows[:, :-1].contiguous(), "labels": windows[:, 1:].contiguous()}
-        if self.bos_id is not None:
+        if windows.dim() == 3:  # chat windows carry their targets and documents (chat_packing.py)
+            batch = chat_batch(windows, document_masking=self.bos_id is not None)
+        else:
+            batch = {"input_ids": windows[:, :-1].contiguous(), "labels": windows[:, 1:].contiguous()}
+        if owners is not None:  # a mixture: each label's source, for the step's per-source loss (source_loss.py)
+            batch["source_ids"] = owners[:, None].expand_as(batch["labels"]).contiguous()
+        if self.bos_id is not None and "document_ids" not in batch:
             batch["document_ids"] = document_ids(batch["input_ids"], self.bos_id)
         if self.pin:
             batch = {key: value.pin_memory() for key, value in batch.items()}
@@ -142,10 +149,11 @@ class DataLoader:
     """An endless iterator of `{"input_ids", "labels"}` LongTensor[lbs, seq_len] CPU batches; DCP-Stateful.
 
     `source` is a document source (packed here), a sample source (e.g. a pre-tokenized dataset's `TokenSamples`),
-    or a list of them mixed by `weights` (mixture.py). With `document_masking` a batch also holds
-    `"document_ids"` LongTensor[lbs, seq_len] (see `document_ids`). Its state is global (the same on every rank)
-    and made of plain ints: global sequences consumed and each source's position. Loading it continues with
-    exactly the next global sequences, also under another dp_size.
+    or a list of them mixed by `weights` (mixture.py), named `names` in the metrics (default `source0`, ...); a
+    mixture's batch also holds `"source_ids"` LongTensor[lbs, seq_len], each label's source index. With
+    `document_masking` a batch also holds `"document_ids"` LongTensor[lbs, seq_len] (see `document_ids`). Its
+    state is global (the same on every rank) and made of plain ints: global sequences consumed and each source's
+    position. Loading it continues with exactly the next global sequences, also under another dp_size.
 
     `background` (training.dataloader) makes batches ahead of the step: a thread keeping `prefetch_factor` batches
     ready, fed by `num_workers` tokenizing processes per document source when that is above 0. None makes each
@@ -167,6 +175,7 @@ class DataLoader:
         *,
         background: DataLoaderConfig | None = None,
         weights: Sequence[float] | None = None,
+        names: Sequence[str] | None = None,
     ):
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank {dp_rank} is outside [0, dp_size={dp_size})")
@@ -174,6 +183,8 @@ class DataLoader:
         if len(sources) > 1 and (weights is None or len(weights) != len(sources)):
             raise ValueError(f"{len(sources)} sources need as many weights, got {weights!r}")
         self.seq_len, self.local_batch_size = seq_len, local_batch_size
+        # Under which names a mixture's sources are logged; empty for one source (no per-source metrics).
+        self.source_names = tuple(names or (f"source{i}" for i in range(len(sources)))) if len(sources) > 1 else ()
         self.dp_rank, self.dp_size = dp_rank, dp_size
         depth = (background.prefetch_factor if background else None) or DEFAULT_PREFETCH_FACTOR
         # Windows of seq_len + 1 tokens: inputs are the first seq_len, labels the last seq_len (shifted by one).
@@ -208,6 +219,15 @@ class DataLoader:
             return self.sources[0].description
         shares = self._batches.interleave.counts / self._batches.interleave.counts.sum()
         return "mixture of " + "; ".join(f"{share:.1%} {s.description}" for share, s in zip(shares, self.sources))
+
+    def tokens_seen_by_source(self) -> dict[str, int]:
+        """`tokens_seen/<name>` of each source of a mixture (none for one source): the tokens of its samples handed
+        out so far by all ranks, counted as `tokens_seen` counts them. From the global sample index alone, so exact
+        after a resume too."""
+        if self._batches.interleave is None:
+            return {}
+        samples = self._batches.interleave.samples_before(self.sequences_consumed)
+        return {f"tokens_seen/{name}": int(n) * self.seq_len for name, n in zip(self.source_names, samples)}
 
     def samples_per_pass(self) -> int:
         """Whole samples in one pass over a single source (a validation set's size); reads a text source whole."""
@@ -261,6 +281,8 @@ def build_sample_source(
     """The source of `training.dataset` (not a mixture): a pre-tokenized dataset's samples, or a document source
     that holds at least one document (else DataError now, rather than at the first step). `key` is the config
     section named in errors; `index` tells a mixture's pre-tokenized datasets' orders apart."""
+    if training.dataset == "chat":
+        return build_chat_samples(training, tokenizer, split)
     if training.dataset == "tokens":
         shards = TokenShards(training.dataset_path, tokenizer, key=f"{key}.dataset_path")
         shuffle = (seed, "tokens", index) if training.dataset_shuffle else None
@@ -282,9 +304,9 @@ def build_dataloader(training: Training, tokenizer: Tokenizer, dp_rank: int, dp_
             )
             for index, entry in enumerate(entries)
         ]
-        weights = [entry.weight for entry in entries]
+        weights, names = [entry.weight for entry in entries], source_names(entries)
     else:
-        sources, weights = [build_sample_source(training, tokenizer, seed=seed)], None
+        sources, weights, names = [build_sample_source(training, tokenizer, seed=seed)], None, None
     return DataLoader(
         sources,
         tokenizer,
@@ -295,4 +317,5 @@ def build_dataloader(training: Training, tokenizer: Tokenizer, dp_rank: int, dp_
         document_masking=training.attention_mask == "block_causal",
         background=training.dataloader,
         weights=weights,
+        names=names,
     )

@@ -3,13 +3,18 @@
 Every block of BLOCK samples has the same pattern, each source's places (config/dataset_mixture.py counts them)
 spread evenly through it by stride scheduling, so the interleave is a function of the sample index alone: the
 same on every rank and after a resume with another number of ranks (docs/data.md, "Mixtures").
+
+Each source also has a name, under which its loss and tokens are logged (`loss/<name>`, dtrain/step/source_loss.py).
 """
 
 from __future__ import annotations
 
+import re
+from pathlib import PurePath
+
 import numpy as np
 
-from dtrain.config.dataset_mixture import BLOCK, block_counts
+from dtrain.config.dataset_mixture import BLOCK, MixtureEntry, block_counts
 
 
 class Interleave:
@@ -25,3 +30,19 @@ class Interleave:
     def sources(self, start: int, count: int) -> np.ndarray:
         """The source index of global samples [start, start + count)."""
         return self.pattern[(start + np.arange(count, dtype=np.int64)) % BLOCK]
+
+    def samples_before(self, count: int) -> np.ndarray:
+        """How many of global samples [0, count) each source holds: whole blocks, then the head of the pattern."""
+        whole, rest = divmod(count, BLOCK)
+        return whole * self.counts + np.bincount(self.pattern[:rest], minlength=len(self.counts))
+
+
+def source_names(entries: list[MixtureEntry]) -> list[str]:
+    """A short name for each source of a mixture: its path's last part without extension (`/data/web` -> `web`),
+    else its kind; characters other than letters, digits, `_`, `-` and `.` become `_` (a TensorBoard tag's `/`
+    would nest it); a name already taken gets the entry's index (`builtin`, `builtin_2`)."""
+    names: list[str] = []
+    for index, entry in enumerate(entries):
+        name = re.sub(r"[^\w.-]", "_", PurePath(entry.path.rstrip("/\\")).stem or entry.kind)
+        names.append(f"{name}_{index}" if name in names else name)
+    return names

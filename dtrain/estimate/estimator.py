@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dtrain.config.schema import ActivationCheckpoint, JobConfig
+from dtrain.config.schema import ActivationCheckpoint, JobConfig, LoRA
 from dtrain.data.tokenizer_factory import build_tokenizer
 from dtrain.errors import DataError
 from dtrain.estimate.communication import Collective, StepShape, intra_node, step_collectives
@@ -33,6 +33,7 @@ from dtrain.models.moe import MoE
 from dtrain.parallelize import FamilySpec
 from dtrain.parallelize.pipeline_bubble import bubble_fraction
 from dtrain.parallelize.pipeline_split import StageModule, split_model
+from dtrain.precision.lora import apply_lora
 from dtrain.run.hf_start import HFStart
 from dtrain.run.layout import ParallelLayout, build_layout, check_layout, parallel_dims
 from dtrain.run.memory_preflight import MemoryEstimate, Workload, estimate_memory
@@ -192,8 +193,11 @@ def estimate(cfg: JobConfig, world_size: int, hardware: Hardware, parts_cache: d
         with fake_world(rank, world_size) as world:
             layout = build_layout(cfg, world, family, args)
             plan = layout.plan
-            parts = _parallelized_parts(cfg.model.name, family, args, layout, parts_cache)
-            workload = Workload.of(cfg.training, cfg.optimizer, layout)
+            lora = cfg.lora if cfg.lora.enable else None
+            parts = _parallelized_parts(cfg.model.name, family, args, layout, parts_cache, lora)
+            # lora.quantize_base: the adapted linears' bases are counted at NF4's bytes (precision/qlora.py)
+            workload = Workload.of(cfg.training, cfg.optimizer, layout,
+                                   quantize_base=lora is not None and lora.quantize_base)
             memory = estimate_memory(parts, args, layout, workload, device)
             local = sum(_local_numel(p) for part in parts for p in part.parameters())
             blocks = [block for part in parts for block in decoder_layout(part).blocks_of(part).values()]
@@ -241,7 +245,7 @@ def estimate(cfg: JobConfig, world_size: int, hardware: Hardware, parts_cache: d
 
 
 def _parallelized_parts(model_name: str, family: FamilySpec, args: DecoderArgs, layout: ParallelLayout,
-                        cache: dict | None) -> list[torch.nn.Module]:
+                        cache: dict | None, lora: LoRA | None = None) -> list[torch.nn.Module]:
     """This rank's model parts, split into its pipeline stages and parallelized, on the meta device: the expensive
     part of an estimate (seconds for a 126-layer model). With `cache`, they are kept by what shapes their
     parameters: the model, the degrees, this rank, the stages and the parallelize options other than activation
@@ -254,11 +258,13 @@ def _parallelized_parts(model_name: str, family: FamilySpec, args: DecoderArgs, 
         options = replace(layout.options, ac_mode="none", selective_ac_option="2", memory_budget=0.5, cpu_offload=False)
         plan = layout.plan
         stages = (plan.schedule, plan.pp, plan.stage_modules) if plan else None
-        key = repr((model_name, args, layout.dims, options, stages, layout.rank))
+        key = repr((model_name, args, layout.dims, options, stages, layout.rank, lora))
         if key in cache:
             return cache[key]
     with torch.device("meta"):
         model = family.model.model_cls(args)
+    if lora is not None:
+        apply_lora(model, lora)  # frozen base: the memory terms count gradients and moments of the adapters only
     plan = layout.plan
     pieces = split_model(model, plan, layout.rank.pp_rank) if plan else [StageModule(0, model)]
     parts = [family.parallelize(p.module, layout.mesh, layout.dims, layout.options) for p in pieces]

@@ -23,6 +23,7 @@ from dtrain.config.schema import Metrics
 from dtrain.metrics.console_color import colored, console_is_terminal
 from dtrain.metrics.device_peaks import device_peak_flops
 from dtrain.metrics.memory import peak_memory_gib
+from dtrain.metrics.source_metrics import format_sources_line, source_fields
 from dtrain.metrics.sinks import JsonlWriter, TensorBoardWriter, WandbWriter
 
 logger = logging.getLogger(__name__)
@@ -189,9 +190,11 @@ class MetricsLogger:
         """Read ``metrics``, compute throughput since the previous log, and write one record everywhere.
 
         ``metrics`` holds the train step's 0-dim tensors (or numbers), e.g. loss, grad_norm, lr; names other than
-        those three are recorded in metrics.jsonl and TensorBoard but not printed. ``tokens_since_last`` counts the
-        tokens that *all ranks together* trained on since the previous log (global batch tokens x steps). This
-        waits for the device, so the timing covers all queued work. Returns the record written.
+        those three are recorded in metrics.jsonl and TensorBoard but not printed (a mixture's ``loss/<source>``,
+        ``tokens/<source>`` and ``tokens_seen/<source>`` have a console line of their own: source_metrics.py).
+        ``tokens_since_last`` counts the tokens that *all ranks together* trained on since the previous log (global
+        batch tokens x steps). This waits for the device, so the timing covers all queued work. Returns the record
+        written.
         """
         reserved = sorted(set(metrics) & set(COMPUTED_FIELDS))
         if reserved:
@@ -207,6 +210,7 @@ class MetricsLogger:
         tps = tokens_since_last / window_s / self.world_size
         flops_per_s = tps * self.num_flops_per_token
         shown = {name: values.pop(name, None) for name in LINE_METRICS}
+        sources = source_fields(values)  # a dataset mixture's loss and tokens by source (source_metrics.py)
         record: dict[str, Any] = {
             "step": step,
             **shown,
@@ -217,11 +221,15 @@ class MetricsLogger:
             "elapsed_s": now - self._start_time,
             "eta_s": None if self._first_window else window_s / steps_in_window * max(self.total_steps - step, 0),
             "tokens_seen": self._tokens_seen,
+            **sources,
             **values,
         }
         self._window_start_time, self._window_start_step = now, step
         self._first_window = False
         logger.info(format_line(record, self.total_steps, color=self._color and console_is_terminal(logger)))
+        sources_line = format_sources_line(record)
+        if sources_line is not None:
+            logger.info(sources_line)
         self._write_sinks(step, record)
         return record
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dtrain.config.schema import JobConfig
+from dtrain.config.schema import JobConfig, LoRA
 from dtrain.data import build_dataloader
 from dtrain.models import ModelFamily, count_params
 from dtrain.observe.compile_report import watch_graph_breaks
@@ -19,6 +19,7 @@ from dtrain.parallelize.pipeline_extra_loss import StageExtraLoss
 from dtrain.parallelize.pipeline_schedule import build_pipeline
 from dtrain.parallelize.pipeline_split import StageModule
 from dtrain.precision.float8 import build_float8_training
+from dtrain.precision.lora import LoRATraining
 from dtrain.precision.mx import build_mx_training
 from dtrain.run.layout import ParallelLayout
 from dtrain.run.memory_preflight import Workload
@@ -43,12 +44,19 @@ def build_train_state(
     converter = build_float8_training(
         converters, linear.float8, cfg.parallelism.tensor_parallel_degree, layout.dims.fsdp_enabled, world.device
     ) or build_mx_training(converters, linear.mx)
-    workload = Workload.of(cfg.training, cfg.optimizer, layout)
+    # LoRA refuses low-precision converters (config check), so at most one of them transforms the model.
+    lora = build_lora_training(cfg.lora, layout)
+    transform = lora or converter
+    quantize_base = cfg.lora.enable and cfg.lora.quantize_base
+    workload = Workload.of(cfg.training, cfg.optimizer, layout, quantize_base=quantize_base)
     stages = build_model_parts(
         family, args, layout, world.device, seed=cfg.debug.seed, workload=workload,
-        convert=converter.convert if converter else None,
+        convert=transform.convert if transform else None,
     )
     model_parts = [stage.module for stage in stages]
+    if lora is not None:
+        for part in model_parts:
+            lora.init(part, cfg.debug.seed)
     optimizer = build_optimizers(model_parts, cfg.optimizer, world.device)
     lr_scheduler = build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler)
     rank = layout.rank
@@ -59,7 +67,8 @@ def build_train_state(
         watch_graph_breaks()  # compiling is lazy: the breaks happen in the first step, reported after it
     compile_loss = c.enable and "loss" in c.components
     loss = StepLoss.build(
-        layout.dims, compile_kwargs(c.backend, c.mode, c.fullgraph, c.dynamic) if compile_loss else None
+        layout.dims, compile_kwargs(c.backend, c.mode, c.fullgraph, c.dynamic) if compile_loss else None,
+        source_names=dataloader.source_names,  # a mixture's sources: their loss and tokens are logged apart
     )
     executor = build_step_executor(
         family, layout, stages, loss, world.device, converter.optimizer_step_hook if converter else None
@@ -74,6 +83,18 @@ def build_train_state(
     return TrainState(
         model_parts=model_parts, optimizer=optimizer, lr_scheduler=lr_scheduler, dataloader=dataloader, setup=setup
     )
+
+
+def build_lora_training(lora: LoRA, layout: ParallelLayout) -> LoRATraining | None:
+    """The run's LoRA transform, with NF4 base weights under lora.quantize_base (quantized after the start-up's
+    load: checkpoint/restore.py)."""
+    if not lora.enable:
+        return None
+    if not lora.quantize_base:
+        return LoRATraining(lora)
+    from dtrain.precision.qlora import QLoRATraining  # torchao is imported only for QLoRA
+
+    return QLoRATraining(lora, shards=layout.dims.dp_shard if layout.dims.fsdp_enabled else 1)
 
 
 def build_step_executor(

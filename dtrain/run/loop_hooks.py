@@ -125,7 +125,9 @@ class MetricsLog:
 
     def log(self, end: StepEnd) -> None:
         if self.metrics.should_log(end.step):
-            self.metrics.log(end.step, whole_metrics(end.metrics), end.tokens_seen - self.logged_tokens)
+            # A dataset mixture: each source's tokens so far, which the loader counts from its position.
+            metrics = {**whole_metrics(end.metrics), **self.state.dataloader.tokens_seen_by_source()}
+            self.metrics.log(end.step, metrics, end.tokens_seen - self.logged_tokens)
             self.logged_tokens = end.tokens_seen
 
 

@@ -6,7 +6,9 @@ their local shards already have their final shapes, so what this rank will hold 
 The estimate, in bytes on this rank's device:
 
 - params, grads: the local shards of the parameters (``memory_footprint``), one gradient per trainable parameter
-  in its dtype; grad buckets: under DDP as much again, for the reducer's flat gradient buckets.
+  in its dtype; grad buckets: under DDP as much again, for the reducer's flat gradient buckets. Under QLoRA
+  (``lora.quantize_base``) the adapted linears' frozen bases count at torchao NF4's bytes (``qlora.nf4_bytes``,
+  ~0.52 per value), though the start-up holds them in their dtype while it loads them, before quantizing.
 - optimizer: Adam(W) keeps two moments like each trainable parameter, plus a 4-byte step count per parameter;
   torchao's low-bit ones keep the moments of large tensors quantized (``dtrain.step.optimizer.moment_bytes``).
 - optimizer step: foreach Adam's temporaries, one parameter-sized list (fused Adam and torchao's per-parameter
@@ -105,10 +107,13 @@ class Workload:
     foreach_step: bool  # the optimizer runs its foreach kernel, whose step makes temporaries
     skip: bool  # training.skip_memory_check: estimate and log, never refuse
     document_masking: bool = False  # training.attention_mask = block_causal: batches carry document_ids
+    quantize_base: bool = False  # lora.quantize_base: the LoRA linears' base weights are stored as NF4
 
     @classmethod
-    def of(cls, training: Training, optimizer: Optimizer, layout: ParallelLayout) -> Workload:
-        """The workload of `[training]` and `[optimizer]` on `layout`."""
+    def of(
+        cls, training: Training, optimizer: Optimizer, layout: ParallelLayout, quantize_base: bool = False
+    ) -> Workload:
+        """The workload of `[training]` and `[optimizer]` on `layout` (`quantize_base`: QLoRA's NF4 base)."""
         device = torch.device(layout.options.device_type)
         return cls(
             local_batch_size=training.local_batch_size,
@@ -122,6 +127,7 @@ class Workload:
             and kernel_flags(optimizer.implementation, device).get("foreach", False),
             skip=training.skip_memory_check,
             document_masking=training.attention_mask == "block_causal",
+            quantize_base=quantize_base,
         )
 
     @property
@@ -212,8 +218,13 @@ def estimate_memory(
     # FSDP's CPU offload keeps the states (and runs the optimizer step) in host memory, which this check does not size.
     on_device = not (layout.options.cpu_offload and device.type != "cpu")
     grad_bytes = footprint.grad_bytes * on_device
+    nf4_saving = 0
+    if workload.quantize_base:  # QLoRA's base weights, float on the meta device, are held as NF4 once loaded
+        from dtrain.precision.qlora import nf4_base_saving  # torchao is imported only for QLoRA
+
+        nf4_saving = nf4_base_saving(parts)
     return MemoryEstimate(
-        params=footprint.param_bytes * on_device,
+        params=(footprint.param_bytes - nf4_saving) * on_device,
         grads=grad_bytes,
         grad_buckets=grad_bytes if layout.dims.ddp_enabled else 0,
         optimizer=(sum(moment_bytes(workload.optimizer, p) for p in trainable) + STEP_BYTES * len(trainable))

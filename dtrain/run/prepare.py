@@ -22,6 +22,7 @@ from dtrain.models.decoder import DecoderArgs
 from dtrain.parallelize import FamilySpec, get_family
 from dtrain.parallelize.pipeline_plan import SPLIT_BACKWARD_SCHEDULES
 from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED, SPLIT_BACKWARD_RUNS_CUSTOM_FUNCTIONS
+from dtrain.precision.lora import check_lora_layout
 from dtrain.reliability.run_folder_checks import check_run_folder
 from dtrain.run.hf_start import HFStart, hf_start
 from dtrain.run.layout import check_layout
@@ -158,6 +159,8 @@ def prepare(cfg: JobConfig) -> Prepared:
     # The run's config.toml records the whole shape it trains, so that it rebuilds the same model by itself.
     cfg.model.args = shape_table(args)
     check_layout(cfg, world_size_from_env(), family, args)
+    if cfg.lora.enable:
+        check_lora_layout(cfg.lora, family, args, cfg.parallelism.tensor_parallel_degree)
     check_checkpoint_config(cfg.checkpoint, cfg.optimizer.name, world_size_from_env())
     check_hf_exportable(cfg.checkpoint, family, args)
     check_wandb_installed(cfg.metrics.enable_wandb)

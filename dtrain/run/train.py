@@ -58,7 +58,7 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
         validator = build_validator(cfg.validation, cfg.training, cfg.debug.seed, layout.rank, tokenizer, world.device)
         checkpoints = CheckpointManager(
             cfg.checkpoint, run_dir, world.rank, world.world_size, state, training=cfg.training,
-            parallelism=cfg.parallelism, model=cfg.model, optimizer=cfg.optimizer, model_args=args,
+            parallelism=cfg.parallelism, model=cfg.model, optimizer=cfg.optimizer, model_args=args, lora=cfg.lora,
         )
         if cfg.checkpoint.create_seed_checkpoint:
             write_run_files(cfg, world, run_dir)

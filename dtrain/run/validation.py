@@ -115,6 +115,8 @@ def check_not_training_data(training: Training, validation: Training) -> str:
         return "training never reads it"
     if kind == "synthetic":
         return "synthetic documents of another seed than training's"
+    if kind == "chat" and not validation.dataset_path:
+        return "the bundled held-out chat file, which training never reads"
     val_path = _data_path(kind, validation.dataset_path)
     # Training reads one dataset, or each entry of its mixture.
     if training.dataset == "mixture":

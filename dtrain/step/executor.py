@@ -12,6 +12,10 @@ never names a family. The extra loss term (the MoE auxiliary loss) is added to t
 on one rank's whole model, and to each stage's own backward under pipeline parallel
 (parallelize/pipeline_extra_loss.py); both take the mean over all the model's terms, whose number is counted once
 when the executor is built. Nothing here reads a tensor on the host.
+
+A dataset mixture's loss is also summed by source (step/source_loss.py): the loss gets labels and source ids as one
+target (`Loss.target`), and `source_loss_sums` hands the step this layout's sums (all-reduced over the pipeline
+ranks, like the loss, since only the last stage computes them).
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from dtrain.parallelize.family_spec import ExtraLoss, OptimizerStepHook, StepMetrics
 from dtrain.parallelize.grad_norm import total_grad_norm
 from dtrain.parallelize.pipeline_schedule import Pipeline
 from dtrain.parallelize.torch_compat import clip_grads_with_norm_
+from dtrain.step.source_loss import SourceLoss
 
 Microbatch = dict[str, torch.Tensor]
 
@@ -36,8 +42,13 @@ class Loss(Protocol):
     """What an executor needs of the step's loss (train_step.py's `StepLoss`, which it does not import: the step
     imports the state, which holds the executor)."""
 
-    def __call__(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The summed loss of `output` against `labels`, a plain tensor."""
+    sources: SourceLoss | None  # a dataset mixture's loss by source (None: no mixture)
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The summed loss of `output` against `target` (see `target`), a plain tensor."""
+
+    def target(self, microbatch: Microbatch) -> torch.Tensor:
+        """What the loss is given for `microbatch`: its labels, with the source ids of a mixture."""
 
     def context(self) -> contextlib.AbstractContextManager:
         """The context forward, loss and backward run in."""
@@ -87,6 +98,10 @@ class StepExecutor(abc.ABC):
     def step_metrics(self, model_parts: list[nn.Module]) -> dict[str, torch.Tensor]:
         return self.metrics_hook(model_parts) if self.metrics_hook is not None else {}
 
+    def source_loss_sums(self, device: torch.device) -> torch.Tensor:
+        """A mixture's summed loss by source over the microbatches since the last call (this rank's tokens)."""
+        return self.loss.sources.take(device)
+
 
 @dataclass(frozen=True)
 class LocalExecutor(StepExecutor):
@@ -99,7 +114,7 @@ class LocalExecutor(StepExecutor):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with self.loss.context():
             output = model_parts[0](microbatch["input_ids"], document_ids=microbatch.get("document_ids"))
-            loss = self.loss(output, microbatch["labels"])
+            loss = self.loss(output, self.loss.target(microbatch))
             objective = loss * grad_scale
             extra = self.extra_loss(model_parts) if self.has_extra_loss else None
             if extra is not None:
@@ -131,9 +146,15 @@ class PipelineExecutor(StepExecutor):
             # The schedule splits the microbatch further, runs forward and backward over this rank's stages and
             # returns the summed loss and the extra term on every pipeline rank.
             return self.pipeline.step(
-                microbatch["input_ids"], microbatch["labels"], grad_scale, document_ids=microbatch.get("document_ids"),
-                extra_loss_weight=extra_loss_weight,
+                microbatch["input_ids"], self.loss.target(microbatch), grad_scale,
+                document_ids=microbatch.get("document_ids"), extra_loss_weight=extra_loss_weight,
             )
+
+    def source_loss_sums(self, device: torch.device) -> torch.Tensor:
+        # Only the rank of the last stage computed the loss: the others add zeros.
+        sums = super().source_loss_sums(device)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=self.pipeline.pp_group)
+        return sums
 
     def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         # Each rank holds some stages' gradients; the norm spans all stages.

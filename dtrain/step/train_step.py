@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from dtrain.parallelize import ParallelDims, local_loss, loss_parallel_context
 from dtrain.step.nonfinite import Diverged, diverged_message, finite_on_every_rank, local_value
 from dtrain.step.rng import seed_everything
+from dtrain.step.source_loss import SourceLoss
 from dtrain.step.state import TrainState
 
 IGNORE_INDEX = -100
@@ -30,26 +31,49 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
 
 
+def cross_entropy_per_token(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Token cross-entropy in fp32, one value per label (0 where ignored), flattened: a mixture's loss by source."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none", ignore_index=IGNORE_INDEX)
+
+
 @dataclass(frozen=True)
 class StepLoss:
     """The summed loss the executor calls, built once for a run (`build`): `fn`, and the layout under whose loss
-    parallel forward, loss and backward run (`dims`). The default is one process's eager `cross_entropy_sum`."""
+    parallel forward, loss and backward run (`dims`). The default is one process's eager `cross_entropy_sum`.
+    With a dataset mixture, `sources` computes the loss of training batches, per source too (source_loss.py)."""
 
     fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy_sum
     dims: ParallelDims | None = None
+    sources: SourceLoss | None = None
 
     @classmethod
-    def build(cls, dims: ParallelDims, compile_options: dict[str, Any] | None = None) -> StepLoss:
+    def build(
+        cls, dims: ParallelDims, compile_options: dict[str, Any] | None = None, source_names: tuple[str, ...] = ()
+    ) -> StepLoss:
         """`cross_entropy_sum`, compiled with `compile_options` (None: eager). Under loss parallel the logits stay
         sharded over the vocabulary and the loss comes back as a DTensor, made a plain tensor so that the step can
-        mix it with its token counts."""
-        fn = cross_entropy_sum
-        if compile_options is not None:
-            fn = torch.compile(fn, **compile_options)
-        return cls(local_loss(fn) if dims.loss_parallel_enabled else fn, dims)
+        mix it with its token counts. `source_names` names a mixture's sources (empty: no mixture)."""
 
-    def __call__(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.fn(output, labels)
+        def built(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable:
+            if compile_options is not None:
+                fn = torch.compile(fn, **compile_options)
+            return local_loss(fn) if dims.loss_parallel_enabled else fn
+
+        by_source = SourceLoss(source_names, built(cross_entropy_per_token), IGNORE_INDEX) if source_names else None
+        return cls(built(cross_entropy_sum), dims, by_source)
+
+    def target(self, microbatch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """What the executor passes the loss for `microbatch`: its labels (and source ids, in a mixture)."""
+        return self.sources.target(microbatch) if self.sources is not None else microbatch["labels"]
+
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if target.dim() == 3:  # labels and source ids (SourceLoss.target)
+            return self.sources(output, target)
+        return self.fn(output, target)
+
+    def unrecorded(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The loss without adding to a mixture's per-source sums: of a pipeline stage's metadata inference."""
+        return self.fn(output, target[..., 0] if target.dim() == 3 else target)
 
     def context(self) -> contextlib.AbstractContextManager:
         """Vocab-parallel cross-entropy under loss parallel; nothing otherwise."""
@@ -89,6 +113,10 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     totals = rank.reduce_over_dp(torch.stack([loss_sum, extra_sum]))
     loss = totals[0] / global_tokens
     extra_metrics = {"aux_loss": totals[1] / len(microbatches)} if executor.has_extra_loss else {}
+    sources = executor.loss.sources
+    if sources is not None:  # a dataset mixture: each source's loss and tokens (source_loss.py)
+        source_sums = executor.source_loss_sums(global_tokens.device)
+        extra_metrics.update(sources.step_metrics(source_sums, sources.tokens(microbatches), rank.reduce_over_dp))
     # Only under training.skip_nonfinite_steps does the step read the device (see nonfinite.py).
     if setup.skip_nonfinite_steps == 0 or finite_on_every_rank(loss, grad_norm):
         state.optimizer.step()

@@ -1,0 +1,181 @@
+"""Chat samples: whole conversations placed into windows of `seq_len + 1` tokens, with their targets and documents.
+
+Each window is three rows of `window_len` ids: the tokens, whether each token is a trained target (the assistant's,
+or every token with `train_on_input`), and its document (the conversation's index in the window). Packed, the
+conversations follow each other until the next one does not fit; it then starts the next window and the rest of
+this one is padding (EOS ids, no target, a document of its own). A conversation is never split between windows,
+so none attends to another's tokens under document masking. Unpacked, each window holds one conversation.
+`chat_batch` turns windows into the loader's batch: labels are the next token where that token is a target of the
+same conversation, else IGNORE_INDEX, so the global-token normalisation counts exactly the trained tokens.
+
+A conversation longer than a window is dropped or truncated to it (`overlong_policy`), counted, and said in one
+line when the first whole pass ends. The state is two ints, (epoch, position of the first row not yet placed): a
+window is a function of where it starts, so a resume re-reads from that row and continues with the very same windows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from dtrain.config.schema import Chat, Training
+from dtrain.data.chat_source import ChatRows, build_chat_rows, conversation
+from dtrain.data.chat_template import ChatTemplate, build_chat_template
+from dtrain.data.samples import SampleSource
+from dtrain.data.tokenizer import Tokenizer
+from dtrain.errors import DataError
+from dtrain.step.train_step import IGNORE_INDEX
+
+logger = logging.getLogger("dtrain")
+
+# The rows of a chat window (ChatSamples.take gives LongTensor[keep, CHAT_ROWS, window_len]).
+TOKENS, TARGETS, DOCUMENTS = range(3)
+CHAT_ROWS = 3
+# (epoch, position, ids, targets) of one conversation, ready to place.
+Tokenized = tuple[int, int, np.ndarray, np.ndarray]
+
+
+def chat_batch(windows: torch.Tensor, document_masking: bool) -> dict[str, torch.Tensor]:
+    """The loader's batch of chat windows LongTensor[batch, CHAT_ROWS, window_len]: input_ids, labels (the next
+    token where it is a target of the same conversation, else IGNORE_INDEX) and, with `document_masking`,
+    document_ids."""
+    tokens, documents = windows[:, TOKENS], windows[:, DOCUMENTS]
+    same_document = documents[:, 1:] == documents[:, :-1]
+    trained = windows[:, TARGETS, 1:].bool() & same_document
+    batch = {
+        "input_ids": tokens[:, :-1].contiguous(),
+        "labels": torch.where(trained, tokens[:, 1:], IGNORE_INDEX).contiguous(),
+    }
+    if document_masking:
+        batch["document_ids"] = documents[:, :-1].contiguous()
+    return batch
+
+
+class ChatSamples(SampleSource):
+    """Windows of `window_len` tokens of the conversations in `rows`, tokenized with `template`, epoch after epoch."""
+
+    def __init__(self, rows: ChatRows, template: ChatTemplate, chat: Chat, window_len: int, pad_id: int):
+        self.rows, self.template, self.chat = rows, template, chat
+        self.window_len, self.pad_id = window_len, pad_id
+        packing = "packed" if chat.packed else "one per sequence, padded"
+        trained = "every token" if chat.train_on_input else "assistant tokens"
+        self.description = f"{rows.description}, {template.description}, {packing}, training on {trained}"
+        self._epoch, self._position = 0, 0
+        self._stream: Iterator[Tokenized] | None = None
+        self._pending: Tokenized | None = None  # read, but did not fit in the last window
+        self._counts = {"conversations": 0, "dropped": 0, "truncated": 0, "tokens": 0, "targets": 0}
+        self._reported: set[int] = set()
+        first = next(rows.rows(0), None)
+        if first is None:
+            raise DataError(f"{rows.description} holds no rows; check training.dataset_path")
+        # The first row through the template now: a wrong field name or a template that does not render stops
+        # the run before it writes anything; a later bad row stops it when it is reached, naming its line.
+        template.tokenize(conversation(first[2], chat, first[1]), first[1], find_targets=not chat.train_on_input)
+
+    def _conversations(self, epoch: int, start: int) -> Iterator[Tokenized]:
+        """Every conversation from (epoch, start) on, forever, after the overlong policy."""
+        while True:
+            placed = False
+            for position, where, row in self.rows.rows(start):
+                messages = conversation(row, self.chat, where)
+                ids, targets = self.template.tokenize(messages, where, find_targets=not self.chat.train_on_input)
+                self._counts["conversations"] += 1
+                if len(ids) > self.window_len:
+                    if self.chat.overlong_policy == "drop":
+                        self._counts["dropped"] += 1
+                        continue
+                    self._counts["truncated"] += 1
+                    ids, targets = ids[: self.window_len], targets[: self.window_len]
+                placed = placed or targets[1:].any()
+                self._counts["tokens"] += len(ids)
+                self._counts["targets"] += int(targets[1:].sum())  # a conversation's first token is never a label
+                yield epoch, position, ids, targets
+            self._report(epoch, start)
+            if start == 0 and not placed:
+                raise DataError(
+                    f"{self.rows.description}: no conversation has a trained token within seq_len + 1 = "
+                    f"{self.window_len} tokens; raise training.seq_len or set training.chat.overlong_policy = truncate"
+                )
+            epoch, start = epoch + 1, 0
+            self._counts = dict.fromkeys(self._counts, 0)
+
+    def _report(self, epoch: int, start: int) -> None:
+        # Every whole pass counts the same: one line, for the first this process reads from its beginning (a small
+        # dataset is passed over every few steps). A pass resumed part-way counts only its rest: not reported.
+        if self._reported or start:
+            return
+        self._reported.add(epoch)
+        counts = self._counts
+        logger.info(
+            "chat data, pass %d over %s: %d conversations, %d dropped and %d truncated as longer than "
+            "seq_len + 1 = %d tokens (training.chat.overlong_policy = %s); %d of their %d tokens are trained",
+            epoch, self.rows.description,
+            counts["conversations"], counts["dropped"], counts["truncated"], self.window_len,
+            self.chat.overlong_policy, counts["targets"], counts["tokens"],
+        )
+
+    def _next(self) -> Tokenized:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            return pending
+        if self._stream is None:
+            self._stream = self._conversations(self._epoch, self._position)
+        return next(self._stream)
+
+    def _window(self) -> np.ndarray:
+        window = np.empty((CHAT_ROWS, self.window_len), dtype=np.int64)
+        filled, document = 0, 0
+        while filled < self.window_len:
+            item = self._next()
+            epoch, position, ids, targets = item
+            if filled + len(ids) > self.window_len:  # never for the first: overlong ones were dropped or cut
+                self._pending = item
+                break
+            end = filled + len(ids)
+            window[TOKENS, filled:end], window[TARGETS, filled:end], window[DOCUMENTS, filled:end] = (
+                ids, targets, document
+            )
+            filled, document = end, document + 1
+            self._epoch, self._position = epoch, position + 1
+            if not self.chat.packed:
+                break
+        if self._pending is not None:
+            self._epoch, self._position = self._pending[0], self._pending[1]
+        window[TOKENS, filled:], window[TARGETS, filled:], window[DOCUMENTS, filled:] = self.pad_id, 0, document
+        return window
+
+    def take(self, count: int, first: int, keep: int) -> torch.Tensor:
+        windows = [self._window() for _ in range(count)]
+        if not windows[first : first + keep]:
+            return torch.empty(0, CHAT_ROWS, self.window_len, dtype=torch.long)
+        return torch.from_numpy(np.stack(windows[first : first + keep]))
+
+    def samples_per_pass(self) -> int:
+        counter = ChatSamples(self.rows, self.template, self.chat, self.window_len, self.pad_id)
+        counter._reported = self._reported  # one report line per pass, whichever instance reads it
+        windows = 0
+        while counter._epoch == 0:
+            counter._window()
+            windows += 1
+        # The last window counted holds the next pass's first conversation unless that one was left pending for
+        # the window after it (position 0): then it is not one of this pass's windows.
+        return windows - (counter._epoch > 0 and counter._position > 0)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self._epoch, "document_position": self._position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._epoch, self._position = int(state["epoch"]), int(state["document_position"])
+        self._stream, self._pending = None, None
+
+
+def build_chat_samples(training: Training, tokenizer: Tokenizer, split: str = "train") -> ChatSamples:
+    """The chat samples of `training.dataset_path` (the bundled file of `split` when empty) in windows of
+    training.seq_len + 1 tokens, tokenized with `training.chat`'s template; padding is EOS."""
+    rows = build_chat_rows(training.dataset_path, training.chat, split)
+    template = build_chat_template(tokenizer, training.chat.chat_template)
+    return ChatSamples(rows, template, training.chat, training.seq_len + 1, tokenizer.eos_id)
