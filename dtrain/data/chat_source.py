@@ -13,14 +13,13 @@ dataset, so a resume seeks without parsing what came before.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
 
 from dtrain.config.schema import Chat
 from dtrain.data.chat_template import Message
-from dtrain.data.file_readers import FILE_STRIDE
+from dtrain.data.file_readers import FILE_STRIDE, json_lines
 from dtrain.errors import DataError, first_line
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -65,16 +64,8 @@ class JsonLinesRows(ChatRows):
         for index in range(start // FILE_STRIDE, len(self.files)):
             first = start - index * FILE_STRIDE if index == start // FILE_STRIDE else 0
             path = self.files[index]
-            with open(path, "rb") as f:
-                for line_index, line in enumerate(f):
-                    if line_index < first or not line.strip():
-                        continue
-                    where = f"{path} line {line_index + 1}"
-                    try:
-                        row = json.loads(line)
-                    except ValueError as exc:
-                        raise DataError(f"{where} is not JSON ({first_line(exc)})") from None
-                    yield index * FILE_STRIDE + line_index, where, row
+            for line_index, where, row in json_lines(path, first, label=str(path)):
+                yield index * FILE_STRIDE + line_index, where, row
 
 
 class HFChatRows(ChatRows):

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
-from dtrain.errors import DataError
+from dtrain.errors import DataError, first_line
 
 SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
 # Positions of the files source are file_index * FILE_STRIDE + row: room for 2**32 rows per file.
@@ -52,24 +53,33 @@ def _text_of(record: object, text_field: str, where: str) -> str | None:
     return text
 
 
-def _read_json_lines(path: str, text_field: str, first_row: int) -> Iterator[tuple[int, str]]:
+def json_lines(path: str, first_row: int, label: str | None = None) -> Iterator[tuple[int, str, Any]]:
+    """(row, where, object) of each non-empty line of a JSON-lines file from `first_row` on; `where` names the file
+    (as `label`, default "data file '<path>'") and line for the reader's own errors. A line that is not JSON, or a
+    file that cannot be read, is a DataError."""
+    label = label or f"data file {path!r}"
     try:
         with open(path, "rb") as f:
             for row, line in enumerate(f):
                 if row < first_row or not line.strip():
                     continue
-                where = f"data file {path!r} line {row + 1}"
+                where = f"{label} line {row + 1}"
                 try:
                     record = json.loads(line)
                 except ValueError as exc:
                     raise DataError(
-                        f"{where} is not valid JSON ({exc}); .json/.jsonl files hold one object per line"
-                    ) from exc
-                text = _text_of(record, text_field, where)
-                if text is not None:  # a null text is a missing document, not an empty one
-                    yield row, text
+                        f"{where} is not valid JSON ({first_line(exc)}); .json/.jsonl files hold one object per line"
+                    ) from None
+                yield row, where, record
     except OSError as exc:
-        raise DataError(f"cannot read data file {path!r} ({exc.strerror})") from exc
+        raise DataError(f"cannot read {label} ({exc.strerror})") from exc
+
+
+def _read_json_lines(path: str, text_field: str, first_row: int) -> Iterator[tuple[int, str]]:
+    for row, where, record in json_lines(path, first_row):
+        text = _text_of(record, text_field, where)
+        if text is not None:  # a null text is a missing document, not an empty one
+            yield row, text
 
 
 def _read_parquet(path: str, text_field: str, first_row: int) -> Iterator[tuple[int, str]]:

@@ -190,22 +190,20 @@ def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return adapters
 
 
-def check_lora_layout(settings: LoRASettings, family, model_args, tensor_parallel_degree: int) -> None:
+def check_lora_layout(settings: LoRASettings, family, model_args, tensor_parallel_degree: int) -> nn.Module:
     """Refuse, in one line before anything is written, targets that select no linear and LoRA on a linear whose
-    tensor-parallel style the adapters cannot follow (`family` a FamilySpec; on the meta model: free)."""
+    tensor-parallel style the adapters cannot follow (`family` a FamilySpec; on the meta model: free). Returns
+    that meta model, for QLoRA's shape check (qlora.check_nf4_shapes)."""
     with torch.device("meta"):
         model = family.model.model_cls(model_args)
     apply_lora(model, settings)
-    if settings.quantize_base:
-        from dtrain.precision.qlora import check_nf4_shapes  # torchao is imported only for QLoRA
-
-        check_nf4_shapes(model)
     if tensor_parallel_degree > 1:
         plan = family.tp_plan(sequence_parallel=True, loss_parallel=True)
         try:
             lora_tp_plan(resolve_plan(plan, model), model)
         except ParallelismError as err:
             raise ConfigError(str(err)) from None
+    return model
 
 
 class LoRATraining:

@@ -23,7 +23,13 @@ in one line, before anything is allocated.
 Checkpoints: a QLoRA run starts from a base model (checkpoint.initial_load_path; the config refuses one without),
 so its checkpoints hold the adapters only plus a reference to that base (checkpoint/lora_base.py); a resume loads
 the base in full precision, then quantizes it again: the same values, so the same NF4 codes, and the run continues
-exactly.
+exactly. The final Hugging Face save (checkpoint.last_save_in_hf) is refused; scripts/convert_checkpoint.py turns
+a checkpoint into a PEFT adapter (to-peft) or merges it into the full-precision base (to-hf).
+
+Layouts: one process and FSDP2 (compiled or not, with activation checkpointing), each proven against the single
+process (tests/parallelize/test_parity_lora.py); TP, PP, CP, DDP and HSDP are refused by the config. Known limits:
+the start-up holds each rank's shard of the base in its dtype until it is quantized (the memory pre-flight counts
+the NF4 steady state), and the estimator's FSDP all-gather volume still counts the base in the compute dtype.
 """
 
 from __future__ import annotations

@@ -160,7 +160,11 @@ def prepare(cfg: JobConfig) -> Prepared:
     cfg.model.args = shape_table(args)
     check_layout(cfg, world_size_from_env(), family, args)
     if cfg.lora.enable:
-        check_lora_layout(cfg.lora, family, args, cfg.parallelism.tensor_parallel_degree)
+        lora_model = check_lora_layout(cfg.lora, family, args, cfg.parallelism.tensor_parallel_degree)
+        if cfg.lora.quantize_base:
+            from dtrain.precision.qlora import check_nf4_shapes  # torchao is imported only for QLoRA
+
+            check_nf4_shapes(lora_model)
     check_checkpoint_config(cfg.checkpoint, cfg.optimizer.name, world_size_from_env())
     check_hf_exportable(cfg.checkpoint, family, args)
     check_wandb_installed(cfg.metrics.enable_wandb)

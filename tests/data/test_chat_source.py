@@ -64,7 +64,7 @@ def test_a_bad_row_is_one_line_naming_file_and_line(tmp_path, row, message):
 def test_a_line_that_is_not_json_and_an_empty_dataset(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text(json.dumps({"messages": CHAT}) + "\n{not json\n")
-    with pytest.raises(DataError, match=r"broken.jsonl line 2 is not JSON"):
+    with pytest.raises(DataError, match=r"broken.jsonl line 2 is not valid JSON"):
         conversations(path)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")

@@ -265,6 +265,11 @@ def fine_tuning_lora(checkout: Checkout, lines: list[str]) -> None:
     assert said in out, out[-3000:]
 
 
+@check("docs/fine-tuning.md", "NPROC=2 ./run_train.sh --config debug_chat --checkpoint.initial_load_path")
+def fine_tuning_qlora(checkout: Checkout, lines: list[str]) -> None:
+    assert "base weights stored as NF4" in checkout.ok(run_train_with(at_step_2(lines[0]), *SHORT))
+
+
 @check("docs/fine-tuning.md", "./run_generate.sh --checkpoint outputs/chat_lora")
 def fine_tuning_exports(checkout: Checkout, lines: list[str]) -> None:
     generate, to_peft, to_hf = (at_step_2(line) for line in lines)

@@ -1,8 +1,8 @@
 """LoRA on every layout of 2 ranks, in one world: FSDP2, DDP, TP, TP+SP, CP, FSDP2 with activation checkpointing
 and with compile, 2-rank pipelines (1F1B, and zero-bubble with its split backward), and QLoRA (NF4 base weights)
-under FSDP2, compiled or not; then FSDP2 x TP+SP, HSDP and a pipeline over FSDP2 in a world of 4. Each reproduces the
-single-process LoRA run (fp32, 1e-5), from the same initial weights exactly, with optimizer state for the adapters
-only.
+under FSDP2, plain, compiled and with activation checkpointing; then FSDP2 x TP+SP, HSDP and a pipeline over FSDP2
+in a world of 4. Each reproduces the single-process LoRA run (QLoRA's: the single-process QLoRA run) at fp32, 1e-5,
+from the same initial weights exactly, with optimizer state for the adapters only.
 
 Every linear of the blocks and the output head carries adapters (``all-linear`` plus ``output``), so the TP
 layouts cover column-parallel (wq/wk/wv/w1/w3, the vocab-sharded head under loss parallel) and row-parallel (wo,
@@ -80,6 +80,7 @@ LAYOUTS = [
     # QLoRA under FSDP2: NF4 codes and scales sharded by rows and all-gathered (torchao's FSDP2 hooks).
     LoRALayout("qlora_fsdp", FSDP, microbatches=2, quantize_base=True),
     LoRALayout("qlora_fsdp_compile", FSDP, dict(compile_model=True, compile_backend="aot_eager"), quantize_base=True),
+    LoRALayout("qlora_fsdp_ac_full", FSDP, dict(ac_mode="full"), quantize_base=True),
 ]
 # What needs 4 ranks: FSDP2 over TP+SP DTensors (the adapters' Replicate and Shard placements gain a dp dimension),
 # and HSDP.
@@ -247,7 +248,7 @@ def test_adapters_follow_their_base_linear_under_tp(report):
 
 def test_qlora_fsdp_shards_nf4_base_weights(report):
     """The QLoRA layout trained on NF4 shards: every adapted linear's base weight, nothing else."""
-    for name in ("qlora_fsdp", "qlora_fsdp_compile"):
+    for name in ("qlora_fsdp", "qlora_fsdp_compile", "qlora_fsdp_ac_full"):
         result = report[name]
         bases = {fqn.replace(".lora_a.weight", ".weight") for fqn in result["trainable"] if ".lora_a." in fqn}
         assert result["nf4"] == sorted(bases) and len(bases) == 7 * QLORA_ARGS.n_layers + 1

@@ -4,19 +4,27 @@ dequantized weights, the refusals, and their bytes in the memory estimate."""
 from __future__ import annotations
 
 import copy
+import re
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+from run_train_helpers import FP32, run_train  # noqa: E402
 
 from dtrain.checkpoint import CheckpointManager, dcp_io
 from dtrain.checkpoint.folders import read_record
 from dtrain.checkpoint.hf_io import build_adapter, save_hf
 from dtrain.checkpoint.peft_names import is_lora
+from dtrain.config import load_config
 from dtrain.config.schema import JobConfig, LoRA
 from dtrain.config.validate import validate_config
 from dtrain.data import build_dataloader, build_tokenizer
 from dtrain.errors import ConfigError
+from dtrain.estimate import estimate, load_hardware
 from dtrain.models.llama3 import Llama3Args
 from dtrain.parallelize import ParallelDims, ParallelizeOptions, get_family
 from dtrain.precision.lora import apply_lora, init_lora_weights, lora_modules
@@ -230,3 +238,28 @@ def test_a_qlora_run_quantizes_its_loaded_base_and_resumes_exactly(tmp_path):
     rest = _train(state, manager, 6)
     manager.close()
     assert first + rest == whole
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_qlora_fsdp_run_holds_the_nf4_bytes_the_estimator_counts(tmp_path):
+    """./run_train.sh end to end: QLoRA on a Hugging Face base of the debug model under FSDP2 over 2 processes, whose
+    memory line (the live state) shows the NF4 bases at the bytes the estimator counts."""
+    short = ["--training.steps", "1", "--training.seq_len", "64", "--training.local_batch_size", "2", *FP32]
+    debug_model = estimate(load_config(short), 1, load_hardware("cpu")).model_args  # the shape the run resolves
+    torch.manual_seed(0)
+    base = tmp_path / "base"
+    save_hf(get_family("llama3").model.model_cls(debug_model).state_dict(), base, build_adapter("llama3", debug_model),
+            torch.float32)
+    args = [*short, "--checkpoint.initial_load_path", str(base), "--checkpoint.initial_load_in_hf",
+            "--lora.enable", "--lora.quantize_base", "--lora.target_modules", "all-linear"]
+    result = run_train(*args, "--job.dump_folder", str(tmp_path / "qlora"), NPROC="2")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "QLoRA: 42 base weights stored as NF4 from their loaded values" in out
+    logged = re.search(r"\[rank0\].*memory on this rank: params ([\d.]+) MiB, grads ([\d.]+) MiB, optimizer ([\d.]+)",
+                       out)
+    m = estimate(load_config(args), 2, load_hardware("cpu")).stages[0].memory
+    assert tuple(float(x) for x in logged.groups()) == pytest.approx(
+        (m.params / 2**20, m.grads / 2**20, m.optimizer / 2**20), abs=0.006
+    )
