@@ -9,7 +9,7 @@ import re
 import pytest
 from run_train_helpers import FP32, REPO, read_metrics, run_train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_independent]
 
 BUNDLED = REPO / "dtrain" / "data" / "assets" / "chat_arithmetic.jsonl"
 

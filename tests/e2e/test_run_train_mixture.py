@@ -8,7 +8,7 @@ import math
 import pytest
 from run_train_helpers import FP32, TINY, read_metrics, run_train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.torch_independent]
 
 NAMES = ("builtin", "synthetic")
 

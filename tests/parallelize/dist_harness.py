@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 PROCESS_GROUP_TIMEOUT_S = 120
@@ -27,8 +28,6 @@ PRELOAD = ["torch", "torch.distributed.tensor.parallel", "torch.distributed.fsdp
 
 
 def _entry(rank: int, world_size: int, folder: str, fn: Callable, args: tuple, backend: str) -> None:
-    import torch.distributed as dist
-
     log = os.open(os.path.join(folder, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -44,11 +43,19 @@ def _entry(rank: int, world_size: int, folder: str, fn: Callable, args: tuple, b
         result = fn(rank, world_size, *args)
         if rank == 0:
             torch.save(result, os.path.join(folder, "result.pt"))
-        # No rank tears its connections down while another still works: a peer closing under a pending gloo
-        # operation aborts the process that waits (SIGABRT, seen on a loaded CI machine).
-        dist.barrier()
+        _wait_for_all(store, world_size)
     finally:
         dist.destroy_process_group()
+
+
+def _wait_for_all(store: dist.Store, world_size: int) -> None:
+    """Return once every rank has finished its function, so that none tears its connections down while another
+    still works (a peer closing under a pending gloo operation aborts the process that waits: SIGABRT, seen on a
+    loaded CI machine). Through the store, not a collective: a test may have lowered the groups' timeouts."""
+    store.add("finished", 1)
+    deadline = time.monotonic() + PROCESS_GROUP_TIMEOUT_S
+    while store.add("finished", 0) < world_size and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def run_world(world_size: int, fn: Callable, *args: Any, timeout_s: float = 240, backend: str = "gloo") -> Any:
