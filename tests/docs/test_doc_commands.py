@@ -5,8 +5,9 @@ a check without its block, fails `test_every_command_block_has_a_check`, so a do
 that no test runs. A check runs the block's commands in order, as a user's shell would, with only these changes:
 - a training run is shortened by flags appended to its command line (`--training.steps 2`: later flags win);
 - what needs a GPU, a cluster or an 8B model's assets is checked as far as this machine goes: `--job.print_config`
-  appended (the config loads and validates for that launch), `--dry_run` for compile_study.py, the estimator as
-  written, and the one-line error a user without the assets gets (downloads run with HF_HUB_OFFLINE=1);
+  appended (the config loads with its keys, types, choices and bounds checked), `--dry_run` for compile_study.py,
+  the estimator as written, and the one-line error a user without the assets gets (downloads run with
+  HF_HUB_OFFLINE=1);
 - placeholder paths become real ones in the scratch clone: `/models/<name>` is a tiny random model that
   transformers writes into its `hf_models/<name>` (its `models/` is dtrain's package), `step-1000` / `step-40`
   the checkpoint the shortened run saved, and torchtitan's `path/to/...` files are copies of torchtitan 0.2.2's
@@ -96,7 +97,8 @@ def hf_generation(checkout: Checkout, command: str) -> None:
 
 
 def checked_config(checkout: Checkout, command: str) -> str:
-    """`command`'s config as the launch would resolve it (loaded, validated, printed; nothing run)."""
+    """`command`'s config as the launch would resolve it (keys, types, choices and bounds checked; nothing run:
+    `--job.print_config` answers before the pre-flight that needs the world, the assets and the memory)."""
     printed = checkout.ok(run_train_with(command, *CHECK_CONFIG))
     assert "[training]" in printed
     return printed
