@@ -23,7 +23,13 @@ SESSIONS_ENV = "DTRAIN_TEST_SESSIONS"
 LEFTOVER_GRACE_SECONDS = 5.0
 # Helpers of pytest itself, started from it and ending with it: multiprocessing's forkserver (dist_harness.py) and
 # resource tracker. Only the helper is exempt: its children (a forkserver's ranks) are the tests' processes.
-_PYTEST_HELPERS = (b"from multiprocessing.forkserver import main", b"from multiprocessing.resource_tracker import main")
+# Children of pytest itself that live until it exits, by design: multiprocessing's helpers, and the addr2line
+# processes torch keeps open to symbolize C++ frames once a CUDA memory snapshot has been dumped (seen on an H200).
+_PYTEST_HELPERS = (
+    b"from multiprocessing.forkserver import main",
+    b"from multiprocessing.resource_tracker import main",
+    b"addr2line ",
+)
 _session_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 _leftovers: list[str] = []  # the session-end check's lines, for the terminal summary
 
