@@ -580,6 +580,42 @@ class LoRA:
 
 
 @dataclass
+class FaultTolerance:
+    enable: bool = opt(
+        False,
+        "Fault-tolerant data parallel across replica groups with torchft: each launch is one group (any layout "
+        "inside it); a lost group is dropped and a restarted one takes the live state from a peer.",
+    )
+    process_group: str = opt(
+        "gloo", "Backend of the reconfigurable process group between the groups (nccl needs CUDA).",
+        choices=("gloo", "nccl"),
+    )
+    process_group_timeout_ms: int = opt(
+        10000, "Milliseconds a collective between the groups may take before the peer is taken for lost.", minimum=1
+    )
+    replica_id: int = opt(0, "This group's id, in [0, group_size): its share of the data and its name.", minimum=0)
+    group_size: int = opt(
+        0, "The number of replica groups the job is made for (each reads 1/group_size of the data).", minimum=0
+    )
+    min_replica_size: int = opt(
+        1, "Fewest groups a step (or a sync) needs to commit; with fewer the step is retried.", minimum=1
+    )
+    semi_sync_method: str = opt(
+        "",
+        "Empty: gradients are averaged over the groups every step. local_sgd: each group steps alone and the "
+        "weights are averaged every sync_steps; diloco: the same with an outer optimizer on the averaged change.",
+        choices=("", "local_sgd", "diloco"),
+    )
+    sync_steps: int = opt(5, "local_sgd/diloco: optimizer steps between two synchronizations.", minimum=1)
+    outer_lr: float = opt(0.7, "diloco: learning rate of the outer SGD (Nesterov momentum).", minimum=0.0)
+    outer_momentum: float = opt(0.9, "diloco: momentum of the outer SGD.", minimum=0.0)
+    lighthouse: str = opt(
+        "",
+        "Address of torchft's lighthouse (e.g. http://host:29510); empty: the TORCHFT_LIGHTHOUSE variable.",
+    )
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -597,3 +633,4 @@ class JobConfig:
     comm: Comm = field(default_factory=Comm)
     quantize: Quantize = field(default_factory=Quantize)
     lora: LoRA = field(default_factory=LoRA)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)

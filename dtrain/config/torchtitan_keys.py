@@ -33,7 +33,6 @@ class ForeignKey:
         return self.alias is not None or ANY in self.inert or value in self.inert
 
 
-_NO_FT = "torchft fault tolerance is not supported (dtrain restarts failed workers from checkpoints: MAX_RESTARTS)"
 _NO_PLUGINS = "dtrain does not import user modules into its config or model registry (families live in parallelize/families.py)"
 _NO_DRY_RUN = "simulated-world dry runs are not built; dtrain checks per-rank memory before every run (training.skip_memory_check)"
 _GROUPED_MM = "only matters with its converter in model.converters, which is refused (grouped GEMMs run unconverted)"
@@ -103,14 +102,6 @@ TORCHTITAN_ONLY: dict[str, ForeignKey] = {
     "comm.mode": ForeignKey(("default",), _NO_DRY_RUN),
     "memory_estimation.enable": ForeignKey((False,), _NO_DRY_RUN),
     "memory_estimation.disable_fake_mode": ForeignKey(reason="only matters with memory_estimation.enable"),
-    "fault_tolerance.enable": ForeignKey((False,), _NO_FT),
-    **{
-        f"fault_tolerance.{name}": ForeignKey(reason="only matters with fault_tolerance.enable, which is refused")
-        for name in (
-            "process_group", "process_group_timeout_ms", "replica_id", "group_size", "min_replica_size",
-            "semi_sync_method",
-        )
-    },
     "experimental.custom_import": ForeignKey(("",), _NO_PLUGINS),
     "experimental.custom_args_module": ForeignKey(("",), _NO_PLUGINS),
     "debug.moe_force_load_balance": ForeignKey((False,), "forcing balanced MoE routing is not built"),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dtrain.config.converters import check_converters
 from dtrain.config.dataset_mixture import MIXABLE_KINDS, parse_mixture
+from dtrain.config.fault_tolerance_checks import check_fault_tolerance
 from dtrain.config.fields import config_fields, section_of
 from dtrain.config.schema import JobConfig
 from dtrain.config.values import coerce_value, show_value
@@ -42,6 +43,7 @@ def validate_config(cfg: JobConfig) -> None:
     _check_profiling(cfg)
     check_converters(cfg)
     _check_lora(cfg)
+    check_fault_tolerance(cfg)
 
 
 def _check_fields(cfg: JobConfig) -> None:

@@ -11,6 +11,7 @@ from torch import nn
 
 from dtrain.config.schema import JobConfig, LoRA
 from dtrain.data import build_dataloader
+from dtrain.fault_tolerance.data_share import data_slot, job_rank_coordinates
 from dtrain.models import ModelFamily, count_params
 from dtrain.observe.compile_report import watch_graph_breaks
 from dtrain.parallelize import FamilySpec, compile_kwargs
@@ -59,8 +60,8 @@ def build_train_state(
             lora.init(part, cfg.debug.seed)
     optimizer = build_optimizers(model_parts, cfg.optimizer, world.device)
     lr_scheduler = build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler)
-    rank = layout.rank
-    dataloader = build_dataloader(cfg.training, tokenizer, rank.dp_rank, rank.dp_size, seed=cfg.debug.seed)
+    rank = job_rank_coordinates(layout.rank, cfg.fault_tolerance)
+    dataloader = build_dataloader(cfg.training, tokenizer, *data_slot(rank, cfg.fault_tolerance), seed=cfg.debug.seed)
     logger.info(f"data: {dataloader.description}")
     c = cfg.compile
     if c.enable:

@@ -56,6 +56,7 @@ class Hooks:
         self._around_loop: list[tuple[Callable[[], contextlib.AbstractContextManager], Entered]] = []
         self._around_first_step: list[Callable[[], contextlib.AbstractContextManager]] = []
         self._after_step: list[AfterStep] = []
+        self._after_discarded: list[Callable[[StepEnd], None]] = []
         self._at_end: list[Callable[[], None]] = []
         self._closes: list[Callable[[], None]] = []
 
@@ -82,6 +83,11 @@ class Hooks:
     def after_first_step(self, run: Callable[[StepEnd], None]) -> None:
         """Run `run` once, after the first step this process runs."""
         self._after_step.append(AfterStep(run, first_only=True))
+
+    def after_discarded_step(self, run: Callable[[StepEnd], None]) -> None:
+        """Run `run` after a step that the replica groups discarded (fault tolerance): the state is still that of
+        the last step done, and only what must not wait for the next done step runs (a preemption signal)."""
+        self._after_discarded.append(run)
 
     def at_end(self, run: Callable[[], None]) -> None:
         """Run `run` once the loop is done (not when it fails), inside the context managers around it."""
@@ -121,3 +127,7 @@ class Hooks:
         for hook in self._after_step:
             if hook.due(end):
                 hook.run(end)
+
+    def after_discarded(self, end: StepEnd) -> None:
+        for hook in self._after_discarded:
+            hook(end)

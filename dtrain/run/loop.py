@@ -24,8 +24,12 @@ def run_loop(state: TrainState, steps: int, accumulation: int, device: torch.dev
             first = state.step == start_step
             with hooks.around_step(first):
                 step_metrics = train_step(state, batch)
-            end = StepEnd(state.step, step_metrics, state.tokens_seen, first=first, last=state.step == steps)
-            hooks.after_step(end)
+            if step_metrics is None:  # discarded by the replica groups (fault tolerance): retried
+                end = StepEnd(state.step, {}, state.tokens_seen, first=first, last=False)
+                hooks.after_discarded(end)
+            else:
+                end = StepEnd(state.step, step_metrics, state.tokens_seen, first=first, last=state.step == steps)
+                hooks.after_step(end)
             stop = end.preempted
     return stop
 

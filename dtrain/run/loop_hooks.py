@@ -94,6 +94,15 @@ def training_hooks(
     if compile_watch is not None:  # after validation, whose forward without grad compiles again
         hooks.add(lambda end: compile_watch.after_step(end.step))
     hooks.add(lambda end: checkpoints.maybe_save(end.step, last=end.last, preempted=end.preempted))
+    if state.setup.replicas is not None:
+        # Steps the replica groups discard (while too few groups are up, say) still heed a preemption signal; the
+        # state is that of the last step done, saved unless its own save is already there.
+        hooks.after_discarded_step(preemption.decide)
+        hooks.after_discarded_step(
+            lambda end: end.preempted and not checkpoints.save_due(end.step) and checkpoints.maybe_save(
+                end.step, preempted=True
+            )
+        )
     hooks.add(lambda end: profiler.value.step())
     hooks.add(lambda end: snapshot.value.step())
     hooks.add(lambda end: gc.collect(1), every=gc_freq)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from dtrain.checkpoint import CheckpointManager
@@ -17,6 +18,8 @@ from dtrain.config import to_toml
 from dtrain.config.schema import Comm, JobConfig
 from dtrain.config.toml_io import config_to_dict
 from dtrain.errors import DtrainError, first_line
+from dtrain.fault_tolerance.replica_groups import join_replica_groups
+from dtrain.fault_tolerance.semi_sync import semi_sync
 from dtrain.metrics import MetricsLogger
 from dtrain.observe.compile_cache import PortableCompileCache, graph_settings
 from dtrain.reliability.run_lock import locked_run_folder
@@ -66,6 +69,11 @@ def train(cfg: JobConfig, prepared: Prepared) -> None:
             checkpoints.close()
             return
         checkpoints.restore_at_startup()
+        if cfg.fault_tolerance.enable:  # after the restore: the quorum compares the groups' steps
+            replicas = join_replica_groups(cfg, world.rank, world.world_size, world.device, state)
+            stack.callback(replicas.close)
+            state.setup = replace(state.setup, replicas=replicas)
+            stack.enter_context(semi_sync(cfg.fault_tolerance, replicas.manager, state))
         # Only now is the run accepted: a refused resume leaves an existing run folder as it was.
         write_run_files(cfg, world, run_dir)
         accumulation = layout.dims.gradient_accumulation_steps(

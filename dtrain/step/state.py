@@ -33,6 +33,7 @@ from dtrain.step.optimizer import OptimizersContainer
 
 if TYPE_CHECKING:
     from dtrain.step.executor import StepExecutor
+    from dtrain.step.replica_sync import ReplicaSync
 
 # Optimizer state keyed "state.<param fqn>.<name>" / "param_groups.<param fqn>.<name>": no layout-dependent indices.
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -59,14 +60,16 @@ class RankCoordinates:
 @dataclass(frozen=True)
 class StepSetup:
     """What the step reads and never changes, fixed for the whole run: how it runs on this layout (`executor`,
-    chosen once), the seed of its random streams, the clipping norm, training.skip_nonfinite_steps and this
-    rank's coordinates (a world of one by default). Not saved, except the seed that a resume checks."""
+    chosen once), the seed of its random streams, the clipping norm, training.skip_nonfinite_steps, this
+    rank's coordinates (a world of one by default) and, in a fault-tolerant run, the replica groups it steps with.
+    Not saved, except the seed that a resume checks."""
 
     executor: StepExecutor
     seed: int
     max_norm: float
     skip_nonfinite_steps: int = 0
     rank: RankCoordinates = field(default_factory=RankCoordinates)
+    replicas: ReplicaSync | None = None
 
 
 @dataclass

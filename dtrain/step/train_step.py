@@ -80,21 +80,28 @@ class StepLoss:
         return loss_parallel_context(self.dims) if self.dims is not None else contextlib.nullcontext()
 
 
-def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
     """One optimizer step over this rank's microbatches (gradient accumulation when there are several).
 
     The loss is normalised by the number of valid tokens in the whole global batch, not per microbatch, so the
     same global batch gives the same loss and gradient however it is split over microbatches and ranks.
     ``loss`` is that cross-entropy alone (as torchtitan logs it); a family's extra loss term (the MoE auxiliary
     loss) is reported apart as ``aux_loss``, and the objective is their sum.
+
+    In a fault-tolerant run (`setup.replicas`) the global batch is that of the replica groups taking part in the
+    step: tokens, loss and gradients are also summed over the groups, and a step that failed in any group is
+    discarded by all (None is returned: nothing changed but the data position).
     """
     setup = state.setup
-    executor, rank = setup.executor, setup.rank
+    executor, rank, replicas = setup.executor, setup.rank, setup.replicas
+    if replicas is not None:
+        replicas.start_step()  # a group that was behind takes a live peer's state here, before its forward
+    sum_over_batch = rank.reduce_over_dp if replicas is None else lambda t: replicas.sum(rank.reduce_over_dp(t))
     seed_everything(setup.seed, "step", state.step, *rank.rng_coords)
     if rank.shard_sequence is not None:  # context parallel: this rank's tokens of every sequence
         microbatches = [rank.shard_sequence(mb) for mb in microbatches]
     local_tokens = sum((mb["labels"] != IGNORE_INDEX).sum() for mb in microbatches)
-    global_tokens = rank.reduce_over_dp(local_tokens)
+    global_tokens = sum_over_batch(local_tokens)
     # The executor scales the summed loss by `grad_scale` before backward. Data-parallel gradient reduction
     # averages over the dp (and cp) ranks; scaling by their number turns that average into the sum that a division
     # by the global token count needs.
@@ -109,14 +116,19 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
         mb_loss, mb_extra = executor.forward_backward(state.model_parts, mb, grad_scale, extra_loss_weight)
         loss_sum += mb_loss
         extra_sum += mb_extra
+    if replicas is not None:
+        replicas.reduce_gradients(state.parameters)
     grad_norm = executor.clip_grad_norm(state.parameters, setup.max_norm)
-    totals = rank.reduce_over_dp(torch.stack([loss_sum, extra_sum]))
+    totals = sum_over_batch(torch.stack([loss_sum, extra_sum]))
     loss = totals[0] / global_tokens
     extra_metrics = {"aux_loss": totals[1] / len(microbatches)} if executor.has_extra_loss else {}
     sources = executor.loss.sources
     if sources is not None:  # a dataset mixture: each source's loss and tokens (source_loss.py)
         source_sums = executor.source_loss_sums(global_tokens.device)
-        extra_metrics.update(sources.step_metrics(source_sums, sources.tokens(microbatches), rank.reduce_over_dp))
+        extra_metrics.update(sources.step_metrics(source_sums, sources.tokens(microbatches), sum_over_batch))
+    if replicas is not None and not replicas.should_commit():
+        state.optimizer.zero_grad(set_to_none=True)
+        return None
     # Only under training.skip_nonfinite_steps does the step read the device (see nonfinite.py).
     if setup.skip_nonfinite_steps == 0 or finite_on_every_rank(loss, grad_norm):
         state.optimizer.step()
@@ -127,10 +139,12 @@ def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -
     lr = state.lr_scheduler.get_last_lr()[0]
     state.lr_scheduler.step()
     state.step += 1
-    state.tokens_seen += sum(mb["input_ids"].numel() for mb in microbatches) * rank.dp_size * rank.cp_size
+    groups = 1 if replicas is None else replicas.participants or 1
+    state.tokens_seen += sum(mb["input_ids"].numel() for mb in microbatches) * rank.dp_size * rank.cp_size * groups
     return {
         "loss": loss, **extra_metrics, "grad_norm": grad_norm, "lr": lr,
         **executor.step_metrics(state.model_parts),
+        **(replicas.metrics() if replicas is not None else {}),
     }
 
 

@@ -36,7 +36,7 @@ def test_keys_without_effect_are_named_in_one_warning_line(caplog):
         load(FIXTURES / "deepseek_v3_671b.toml", "--fault_tolerance.enable", "false")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
-        "torchtitan keys with no effect in dtrain, accepted: fault_tolerance.enable, quantize.grouped_mm.float8.fqns "
+        "torchtitan keys with no effect in dtrain, accepted: quantize.grouped_mm.float8.fqns "
         "(docs/migrating-from-torchtitan.md)"
     ]
 
@@ -50,7 +50,7 @@ def test_a_file_without_such_keys_warns_nothing(caplog):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("[fault_tolerance]\nenable = true\n", "fault_tolerance.enable = true is not supported: torchft fault tolerance"),
+        ("[fault_tolerance]\nenable = true\n", "fault_tolerance.group_size must name the number of replica groups"),
         ('[job]\ncustom_config_module = "my.module"\n', "job.custom_config_module = 'my.module' is not supported"),
         ('[training]\ndtype = "bfloat16"\n', "training.dtype = 'bfloat16' is not supported: pure low-precision"),
         ("[parallelism]\npipeline_parallel_first_stage_less_layers = 2\n", "(valid: 1)"),

@@ -1,0 +1,61 @@
+"""Checks of [fault_tolerance] that need only the config: replica ids, group counts, what a group may run.
+
+What needs the network (the lighthouse answering) or the live groups (two groups under one replica id) is checked
+when the run joins them (fault_tolerance/replica_groups.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from dtrain.config.schema import JobConfig
+from dtrain.errors import ConfigError
+
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+
+
+def lighthouse_address(cfg: JobConfig, env=os.environ) -> str:
+    """fault_tolerance.lighthouse, else $TORCHFT_LIGHTHOUSE (torchft's and torchtitan's variable)."""
+    return cfg.fault_tolerance.lighthouse or env.get(LIGHTHOUSE_ENV, "")
+
+
+def check_fault_tolerance(cfg: JobConfig, env=os.environ) -> None:
+    ft = cfg.fault_tolerance
+    if not ft.enable:
+        return
+    if importlib.util.find_spec("torchft") is None:
+        raise ConfigError(
+            "fault_tolerance.enable needs torchft, which is not installed: pip install -e '.[ft]' (torchft==0.2.0)"
+        )
+    if ft.group_size < 1:
+        raise ConfigError(
+            "fault_tolerance.group_size must name the number of replica groups (1 or more) with "
+            "fault_tolerance.enable; got 0"
+        )
+    if ft.replica_id >= ft.group_size:
+        raise ConfigError(
+            f"fault_tolerance.replica_id {ft.replica_id} is outside [0, fault_tolerance.group_size = {ft.group_size}):"
+            " give each group its own id below group_size"
+        )
+    if ft.min_replica_size > ft.group_size:
+        raise ConfigError(
+            f"fault_tolerance.min_replica_size {ft.min_replica_size} is more than the {ft.group_size} replica "
+            f"groups (fault_tolerance.group_size): no step could ever commit; use 1 to {ft.group_size}"
+        )
+    if cfg.parallelism.data_parallel_replicate_degree != 1:
+        raise ConfigError(
+            "parallelism.data_parallel_replicate_degree must be 1 with fault_tolerance.enable: the replica groups "
+            f"are the replicated dimension (got {cfg.parallelism.data_parallel_replicate_degree}); shard inside a "
+            "group with data_parallel_shard_degree"
+        )
+    if not lighthouse_address(cfg, env):
+        raise ConfigError(
+            f"fault_tolerance.enable needs torchft's lighthouse: set fault_tolerance.lighthouse or {LIGHTHOUSE_ENV} "
+            "(e.g. http://localhost:29510; scripts/ft_local.sh starts one)"
+        )
+    if ft.semi_sync_method and cfg.training.skip_nonfinite_steps:
+        raise ConfigError(
+            f"training.skip_nonfinite_steps must be 0 with fault_tolerance.semi_sync_method = {ft.semi_sync_method}:"
+            " a skipped step would move this group's synchronizations off the other groups'"
+        )
