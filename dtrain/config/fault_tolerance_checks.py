@@ -1,7 +1,9 @@
-"""Checks of [fault_tolerance] that need only the config: replica ids, group counts, what a group may run.
+"""Checks of [fault_tolerance]: replica ids and group counts (the config alone), the lighthouse's address (the
+config and the environment, before the run).
 
 What needs the network (the lighthouse answering) or the live groups (two groups under one replica id) is checked
-when the run joins them (fault_tolerance/replica_groups.py).
+when the run joins them (fault_tolerance/replica_groups.py). Any layout runs inside a group, HSDP included: the
+groups are one more replicated dimension, outside the mesh.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def lighthouse_address(cfg: JobConfig, env=os.environ) -> str:
     return cfg.fault_tolerance.lighthouse or env.get(LIGHTHOUSE_ENV, "")
 
 
-def check_fault_tolerance(cfg: JobConfig, env=os.environ) -> None:
+def check_fault_tolerance(cfg: JobConfig) -> None:
     ft = cfg.fault_tolerance
     if not ft.enable:
         return
@@ -43,19 +45,17 @@ def check_fault_tolerance(cfg: JobConfig, env=os.environ) -> None:
             f"fault_tolerance.min_replica_size {ft.min_replica_size} is more than the {ft.group_size} replica "
             f"groups (fault_tolerance.group_size): no step could ever commit; use 1 to {ft.group_size}"
         )
-    if cfg.parallelism.data_parallel_replicate_degree != 1:
-        raise ConfigError(
-            "parallelism.data_parallel_replicate_degree must be 1 with fault_tolerance.enable: the replica groups "
-            f"are the replicated dimension (got {cfg.parallelism.data_parallel_replicate_degree}); shard inside a "
-            "group with data_parallel_shard_degree"
-        )
-    if not lighthouse_address(cfg, env):
-        raise ConfigError(
-            f"fault_tolerance.enable needs torchft's lighthouse: set fault_tolerance.lighthouse or {LIGHTHOUSE_ENV} "
-            "(e.g. http://localhost:29510; scripts/ft_local.sh starts one)"
-        )
     if ft.semi_sync_method and cfg.training.skip_nonfinite_steps:
         raise ConfigError(
             f"training.skip_nonfinite_steps must be 0 with fault_tolerance.semi_sync_method = {ft.semi_sync_method}:"
             " a skipped step would move this group's synchronizations off the other groups'"
+        )
+
+
+def check_lighthouse_named(cfg: JobConfig, env=os.environ) -> None:
+    """A fault-tolerant run names its lighthouse (checked before the run, in the environment it runs in)."""
+    if cfg.fault_tolerance.enable and not lighthouse_address(cfg, env):
+        raise ConfigError(
+            f"fault_tolerance.enable needs torchft's lighthouse: set fault_tolerance.lighthouse or {LIGHTHOUSE_ENV} "
+            "(e.g. http://localhost:29510; scripts/ft_local.sh starts one)"
         )

@@ -168,6 +168,11 @@ PROVEN_SAME = {
 
 # Keys of torchtitan's name whose meaning differs here after all: key -> what differs (the guide's row says so).
 MEANING_DIFFERENCES = {
+    "fault_tolerance.semi_sync_method": (
+        "torchft's local_sgd and diloco as in torchtitan, but synchronous training is `\"\"` (TOML has no None), "
+        "and the sync interval and DiLoCo's outer SGD are keys here (fault_tolerance.sync_steps, outer_lr, "
+        "outer_momentum); tests/fault_tolerance/test_semi_sync.py"
+    ),
     "job.print_config": (
         "prints the resolved config as TOML and exits without training (tests/e2e/test_run_train_cli.py::"
         "test_help_and_print_config_answer_without_training); torchtitan logs it as JSON and trains"
@@ -195,7 +200,13 @@ _COMPILED_RUN = (
     "test_the_trainer_writes_the_report_logs_it_once_and_dumps_inductor_code_of_the_first_step"
 )
 _DETERMINISM = "tests/step/test_step.py::test_deterministic_warn_only_warns_instead_of_raising"
+_FT_PARITY = "tests/fault_tolerance/test_ft_hsdp_parity.py::test_fault_tolerant_hsdp_trains_plain_hsdps_curve"
 TESTED_SAME = {
+    **{
+        f"fault_tolerance.{name}": _FT_PARITY
+        for name in ("enable", "process_group", "replica_id", "group_size", "min_replica_size")
+    },
+    "fault_tolerance.process_group_timeout_ms": _FT_PARITY,
     "job.config_file": "tests/config/test_config_resolution.py::test_existing_path_is_used_as_is",
     "job.dump_folder": "tests/e2e/test_run_train_cli.py::test_debug_model_trains_writes_outputs_and_is_deterministic",
     "job.description": f"{_PARSED} (a label only, in both)",

@@ -64,6 +64,7 @@ VALID_TOGETHER = {
     "parallelism.pipeline_parallel_microbatch_size": 5, "parallelism.expert_tensor_parallel_degree": 1,
     "compile.components": ["model"], "activation_checkpoint.selective_ac_option": "op",
     "validation.dataset": "files", "quantize.linear.float8.recipe_name": "tensorwise",
+    "fault_tolerance.replica_id": 1, "fault_tolerance.min_replica_size": 2,
 }
 # TOML has no null: where torchtitan's default is None (unset), dtrain's unset is the empty string or list.
 UNSET = (None, "", [])
