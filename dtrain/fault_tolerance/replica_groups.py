@@ -30,7 +30,7 @@ from torch.distributed import ReduceOp
 
 from dtrain.config.fault_tolerance_checks import lighthouse_address
 from dtrain.config.schema import Comm, JobConfig
-from dtrain.errors import DtrainError
+from dtrain.errors import DtrainError, first_line
 from dtrain.fault_tolerance.gradient_sum import sum_gradients
 from dtrain.step.state import TrainState
 
@@ -168,20 +168,21 @@ def join_replica_groups(
     if world_rank == 0:
         check_lighthouse(address)
     quiet_torchft()
-    from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+    from torchft import ProcessGroupGloo, ProcessGroupNCCL
 
     timeout = timedelta(milliseconds=ft.process_group_timeout_ms)
     pg = ProcessGroupNCCL(timeout=timeout) if ft.process_group == "nccl" else ProcessGroupGloo(timeout=timeout)
     host, port, store = group_store(world_rank, world_size > 1)
     groups = ReplicaGroups(None, ft.replica_id, ft.group_size, bool(ft.semi_sync_method), store, device)
-    groups.manager = Manager(
+    quorum_timeout = timedelta(seconds=cfg.comm.init_timeout_seconds)
+    groups.manager = managed_quorums(address, quorum_timeout)(
         pg=pg,
         load_state_dict=lambda sd: groups.load_live_state(state, sd),
         state_dict=state.state_dict,
         min_replica_size=ft.min_replica_size,
         use_async_quorum=False,  # the recovered state is loaded before the forward (DiLoCo requires it too)
         timeout=manager_timeout(cfg.comm, timeout),
-        quorum_timeout=timedelta(seconds=cfg.comm.init_timeout_seconds),
+        quorum_timeout=quorum_timeout,
         connect_timeout=timedelta(seconds=cfg.comm.init_timeout_seconds),
         rank=world_rank,
         world_size=world_size,
@@ -194,6 +195,24 @@ def join_replica_groups(
     syncs = state.step // ft.sync_steps if ft.semi_sync_method else state.step
     groups.manager.load_state_dict({"step": syncs, "batches_committed": 0})
     return groups
+
+
+def managed_quorums(lighthouse: str, timeout: timedelta) -> type:
+    """torchft's Manager whose failed quorum is one line: the groups cannot agree without their lighthouse."""
+    from torchft import Manager
+
+    class DtrainManager(Manager):
+        def start_quorum(self, *args, **kwargs) -> None:
+            try:
+                super().start_quorum(*args, **kwargs)
+            except Exception as err:  # torchft raises the Rust client's error, with a thread's traceback
+                raise ReplicaError(
+                    f"the replica groups' quorum failed ({type(err).__name__}: {first_line(err)}) within "
+                    f"{timeout.total_seconds():.0f} s (comm.init_timeout_seconds): is torchft's lighthouse at "
+                    f"{lighthouse} still running? Without it no group can go on: restart it, then the groups"
+                ) from err
+
+    return DtrainManager
 
 
 def quiet_torchft() -> None:
