@@ -206,7 +206,10 @@ TESTED_SAME = {
         f"fault_tolerance.{name}": _FT_PARITY
         for name in ("enable", "process_group", "replica_id", "group_size", "min_replica_size")
     },
-    "fault_tolerance.process_group_timeout_ms": _FT_PARITY,
+    "fault_tolerance.process_group_timeout_ms": (
+        "tests/fault_tolerance/test_replica_recovery.py::"
+        "test_a_killed_group_is_relaunched_recovers_live_and_ends_with_the_survivors_weights"
+    ),
     "job.config_file": "tests/config/test_config_resolution.py::test_existing_path_is_used_as_is",
     "job.dump_folder": "tests/e2e/test_run_train_cli.py::test_debug_model_trains_writes_outputs_and_is_deterministic",
     "job.description": f"{_PARSED} (a label only, in both)",

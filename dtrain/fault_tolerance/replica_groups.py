@@ -20,6 +20,7 @@ import os
 import socket
 import time
 import urllib.parse
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -90,8 +91,16 @@ class ReplicaGroups:
 
     def load_live_state(self, state: TrainState, state_dict: dict) -> None:
         """torchft's load_state_dict: the state of a live peer, taken when this group was behind."""
+        started = time.monotonic()
         state.load_state_dict(state_dict)
         self._recovered = True
+        if self.semi_sync:  # the quorum is a synchronization's (not start_step's): count the recovery here
+            self.recoveries += 1
+            self.recovery_seconds += time.monotonic() - started
+            logger.info(
+                "replica group %d: recovered live at step %d from a peer at a synchronization (%.2f s to load)",
+                self.replica_id, state.step, time.monotonic() - started,
+            )
 
     def start_step(self) -> None:
         if self.semi_sync:  # the quorum is the synchronization's (LocalSGD / DiLoCo), every sync_steps
@@ -146,7 +155,8 @@ class ReplicaGroups:
         return committed
 
     def metrics(self) -> dict[str, float]:
-        participants = self.manager.num_participants() if self.semi_sync else self.participants
+        # Under semi-sync, the groups of the last synchronization (this group alone before its first).
+        participants = max(1, self.manager.num_participants()) if self.semi_sync else self.participants
         return {
             "ft/participating_groups": float(participants),
             "ft/recoveries": float(self.recoveries),
@@ -221,6 +231,8 @@ def quiet_torchft() -> None:
     dtrain logs what a user needs of the groups (joins, recoveries, discarded steps)."""
     os.environ.setdefault("RUST_LOG", "warn")
     logging.getLogger("torchft").setLevel(logging.ERROR)
+    # A recovering group reads the peer's state from a received buffer that torch wraps without copying.
+    warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
 
 
 def manager_timeout(comm: Comm, collective: timedelta) -> timedelta:

@@ -1,0 +1,83 @@
+"""A replica group lost to kill -9 in the middle of a run: the other group goes on alone, the lost one is launched
+again with the same command, takes the live state from its peer, and both end with the same weights, bit for bit."""
+
+import pytest
+
+from tests.fault_tolerance.replica_harness import (
+    HEARTBEAT_MS,
+    Group,
+    assert_bitwise_equal,
+    groups_ended,
+    last_step,
+    last_weights,
+    lighthouse,
+    read_metrics,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+# Long enough that the survivor, faster alone, is still training when the relaunched group (~4 s to start) joins.
+STEPS = 120
+KILL_AT = 10
+# Both groups save the last step's weights only (in float32): the checkpoints compared at the end.
+LAST_WEIGHTS = ["--training.steps", str(STEPS), "--checkpoint.enable", "--checkpoint.interval", "100000",
+                "--checkpoint.last_save_model_only", "true"]
+# The longest pause of the survivor's steps around the kill: the heartbeat timeout that drops the lost group, the
+# failed collective of the step in flight, and some slack for 2 busy cores.
+LONGEST_PAUSE_S = HEARTBEAT_MS / 1000 + 4.0
+
+
+# Reading a checkpoint in this one process, outside any process group, is what DCP warns about.
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_killed_group_is_relaunched_recovers_live_and_ends_with_the_survivors_weights(tmp_path):
+    with lighthouse() as address, groups_ended() as started:
+        survivor = Group(tmp_path / "group0", 0, address, *LAST_WEIGHTS)
+        victim = Group(tmp_path / "group1", 1, address, *LAST_WEIGHTS)
+        started += [survivor, victim]
+        wait_for(lambda: min(last_step(survivor.folder), last_step(victim.folder)) >= KILL_AT, 90,
+                 [survivor, victim], f"step {KILL_AT} in both groups")
+        victim.kill()
+        first_life = len(read_metrics(victim.folder))
+        # The same command, the same dump folder: what a supervisor restarting the group does. The lost launch's
+        # run-folder lock died with it, and it left no checkpoint, so the relaunch starts at step 0 and is behind.
+        relaunched = Group(tmp_path / "group1", 1, address, *LAST_WEIGHTS)
+        started.append(relaunched)
+        wait_for(lambda: len(read_metrics(relaunched.folder)) > first_life, 90, [relaunched],
+                 "step of the relaunched group")
+        survivor_step_at_rejoin = last_step(survivor.folder)
+        assert survivor.running() and survivor_step_at_rejoin < STEPS, "the relaunched group joined too late"
+        (survivor_code, survivor_err), (code, err) = survivor.finish(), relaunched.finish()
+    assert survivor_code == 0, survivor_err[-3000:]
+    assert code == 0, err[-3000:]
+
+    survivor_records = read_metrics(survivor.folder)
+    alone = [r["step"] for r in survivor_records if r["step"] > KILL_AT and r["ft/participating_groups"] == 1]
+    assert alone and alone[-1] <= survivor_step_at_rejoin, alone  # alone from the kill to the rejoin only
+    assert survivor_records[-1]["step"] == STEPS and survivor_records[-1]["ft/participating_groups"] == 2
+    elapsed = [r["elapsed_s"] for r in survivor_records]
+    pauses = [later - earlier for earlier, later in zip(elapsed, elapsed[1:])]
+    assert max(pauses) < LONGEST_PAUSE_S, f"the survivor stalled {max(pauses):.1f} s"
+
+    second_life = read_metrics(relaunched.folder)[first_life:]
+    assert second_life[0]["step"] > KILL_AT  # it continued from its peer's step, not from its own start
+    assert second_life[-1]["step"] == STEPS and second_life[-1]["ft/recoveries"] >= 1
+    assert "recovered live at step" in err
+    assert_bitwise_equal(last_weights(relaunched.folder), last_weights(survivor.folder))
+
+
+def test_a_killed_two_process_group_leaves_its_two_process_peer_training_alone(tmp_path):
+    """kill -9 of a whole group of 2 FSDP processes (launcher, torchrun, workers): both ranks of the other group
+    drop it together and finish the run."""
+    steps, kill_at = 20, 5
+    args = ["--training.steps", str(steps), "--parallelism.data_parallel_shard_degree", "2"]
+    with lighthouse() as address, groups_ended() as started:
+        started += [Group(tmp_path / f"group{g}", g, address, *args, nproc=2) for g in (0, 1)]
+        survivor, victim = started
+        wait_for(lambda: min(last_step(survivor.folder), last_step(victim.folder)) >= kill_at, 120, started,
+                 f"step {kill_at} in both groups")
+        victim.kill()
+        code, stderr = survivor.finish()
+    assert code == 0, stderr[-3000:]
+    records = read_metrics(survivor.folder)
+    assert records[-1]["step"] == steps
+    assert [r["step"] for r in records if r["step"] > kill_at and r["ft/participating_groups"] == 1]
