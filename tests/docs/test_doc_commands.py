@@ -17,6 +17,7 @@ docs/first-day.md runs in tests/e2e/test_first_day.py, which checks each of its 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -248,6 +249,49 @@ def tokenize_and_verify(checkout: Checkout, lines: list[str]) -> None:
     checkout.ok(tokenize)
     assert "done: ./data/builtin holds" in checkout.ok(builtin)
     assert "./data/corpus: OK, 1 shard(s), 8 documents" in checkout.ok(verify)
+
+
+# docs/fault-tolerance.md: scripts/ft_local.sh's launches run shortened (later flags win, in every group); the
+# SLURM sketch is valid bash, and its groups' launch has a valid config.
+def replica_logs(checkout: Checkout, base: str) -> list[str]:
+    return [log.read_text() for log in sorted((checkout.root / base).glob("replica_*/train.log"))]
+
+
+@check("docs/fault-tolerance.md", "./scripts/ft_local.sh --training.steps 200")
+def ft_local(checkout: Checkout, lines: list[str]) -> None:
+    two_groups, three_groups = lines
+    said = checkout.ok(two_groups + " --training.steps 3", timeout=200)
+    assert "replica group 0 done" in said and "replica group 1 done" in said, said[-2000:]
+    logs = replica_logs(checkout, "outputs/ft")
+    assert len(logs) == 2 and all("training done: 3 steps" in log for log in logs)
+    assert newest_step(checkout.root / "outputs" / "ft" / "replica_1") == 3
+    checkout.ok(three_groups + " --job.print_config", timeout=200)
+    logs = replica_logs(checkout, "outputs/ft3")
+    assert [("replica_id = %d" % g) in log and "group_size = 3" in log for g, log in enumerate(logs)] == [True] * 3
+
+
+@check("docs/fault-tolerance.md", "set -euo pipefail")
+def ft_slurm_sketch(checkout: Checkout, lines: list[str]) -> None:
+    (checkout.root / "ft.sbatch").write_text("\n".join(lines) + "\n")
+    checkout.ok("bash -n ft.sbatch")
+    launch = next(re.search(r"\./run_train\.sh .*?(?= &&)", line)[0] for line in lines if "run_train.sh" in line)
+    printed = checked_config(checkout, "set -- --config llama3_8b; groups=4; g=3; "
+                             f"export TORCHFT_LIGHTHOUSE=http://node-a:29510; {launch}")
+    assert "replica_id = 3" in printed and "group_size = 4" in printed
+
+
+@check("docs/fault-tolerance.md", "./scripts/ft_local.sh --fault_tolerance.semi_sync_method diloco")
+def ft_semi_sync(checkout: Checkout, lines: list[str]) -> None:
+    checkout.ok(lines[0] + " --training.steps 4 --fault_tolerance.sync_steps 2", timeout=200)
+    assert all("training done: 4 steps" in log for log in replica_logs(checkout, "outputs/ft_diloco"))
+
+
+@check("docs/benchmarks.md", "python scripts/bench_fault_tolerance.py")
+def bench_fault_tolerance(checkout: Checkout, lines: list[str]) -> None:
+    figures = json.loads(checkout.ok(lines[0] + " --kill_step 8 --checkpoint_interval 5 --json", timeout=280))
+    assert figures["fault_tolerance"]["steps_redone"] == 0
+    job = figures["whole_job_restart"]
+    assert job["resumed_from_step"] == 5 and job["steps_redone"] >= 3  # killed after step 8
 
 
 # docs/fine-tuning.md: the walkthrough, its runs shortened (the checkpoints then are step-2, not step-20).
