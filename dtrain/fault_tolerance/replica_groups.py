@@ -23,6 +23,7 @@ import urllib.parse
 import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -116,7 +117,6 @@ class ReplicaGroups:
                 self.replica_id, self.manager.current_step(), time.monotonic() - start,
             )
         self.participants = self.manager.num_participants()
-        self.check_unique_ids()
 
     def check_unique_ids(self) -> None:
         """torchft makes every group's id unique by a suffix, so two launches with one replica_id would both train
@@ -185,7 +185,7 @@ def join_replica_groups(
     host, port, store = group_store(world_rank, world_size > 1)
     groups = ReplicaGroups(None, ft.replica_id, ft.group_size, bool(ft.semi_sync_method), store, device)
     quorum_timeout = timedelta(seconds=cfg.comm.init_timeout_seconds)
-    groups.manager = managed_quorums(address, quorum_timeout)(
+    groups.manager = managed_quorums(address, quorum_timeout, groups.check_unique_ids)(
         pg=pg,
         load_state_dict=lambda sd: groups.load_live_state(state, sd),
         state_dict=state.state_dict,
@@ -207,8 +207,9 @@ def join_replica_groups(
     return groups
 
 
-def managed_quorums(lighthouse: str, timeout: timedelta) -> type:
-    """torchft's Manager whose failed quorum is one line: the groups cannot agree without their lighthouse."""
+def managed_quorums(lighthouse: str, timeout: timedelta, after_quorum: Callable[[], None]) -> type:
+    """torchft's Manager whose failed quorum is one line (the groups cannot agree without their lighthouse) and
+    that runs `after_quorum` after every quorum: each step's, or each synchronization's under LocalSGD / DiLoCo."""
     from torchft import Manager
 
     class DtrainManager(Manager):
@@ -221,6 +222,7 @@ def managed_quorums(lighthouse: str, timeout: timedelta) -> type:
                     f"{timeout.total_seconds():.0f} s (comm.init_timeout_seconds): is torchft's lighthouse at "
                     f"{lighthouse} still running? Without it no group can go on: restart it, then the groups"
                 ) from err
+            after_quorum()
 
     return DtrainManager
 

@@ -40,14 +40,17 @@ def test_an_unreachable_lighthouse_is_refused_in_one_line(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_two_groups_under_one_replica_id_are_both_refused(tmp_path):
-    # min_replicas 2: the first quorum holds both launches, so neither trains a step alone before the check.
+@pytest.mark.parametrize("semi_sync", [[], ["--fault_tolerance.semi_sync_method", "local_sgd"]], ids=["sync", "local_sgd"])
+def test_two_groups_under_one_replica_id_are_both_refused(tmp_path, semi_sync):
+    # min_replicas 2: the first quorum holds both launches, so neither trains a step alone before the check; under
+    # local_sgd the first quorum is the first synchronization's, after sync_steps steps of each group alone.
+    args = ["--training.steps", "20", "--fault_tolerance.sync_steps", "2", *semi_sync]
     with lighthouse(min_replicas=2) as address, groups_ended() as started:
-        started += [Group(tmp_path / f"launch{n}", 0, address, "--training.steps", "20") for n in (0, 1)]
+        started += [Group(tmp_path / f"launch{n}", 0, address, *args) for n in (0, 1)]
         outcomes = [group.finish(timeout=90) for group in started]
     for group, (code, stderr) in zip(started, outcomes):
         assert_refused_in_one_line(code, stderr, "fault_tolerance.replica_id 0 is used by 2 replica groups at once")
-        assert not read_metrics(group.folder)
+        assert len(read_metrics(group.folder)) == (1 if semi_sync else 0)
 
 
 @pytest.mark.parametrize(
