@@ -93,6 +93,18 @@ def groups_ended(*groups: Group):
             group.kill()
 
 
+def lose_one_of_two(folder: Path, address: str, started: list[Group], kill_after: int, *args: str,
+                    nproc: int = 1) -> tuple[Group, Group]:
+    """Groups 0 and 1 launched with `args` (added to `started`); group 1 killed with -9 once both are past step
+    `kill_after`. Returns (survivor, victim)."""
+    survivor, victim = (Group(folder / f"group{g}", g, address, *args, nproc=nproc) for g in (0, 1))
+    started += [survivor, victim]
+    wait_for(lambda: min(last_step(survivor.folder), last_step(victim.folder)) >= kill_after, 120,
+             [survivor, victim], f"step {kill_after} in both groups")
+    victim.kill()
+    return survivor, victim
+
+
 def read_metrics(folder: Path) -> list[dict]:
     """The complete records of a group's metrics.jsonl so far (a line being written is skipped)."""
     path = folder / "metrics.jsonl"

@@ -11,6 +11,7 @@ from tests.fault_tolerance.replica_harness import (
     last_step,
     last_weights,
     lighthouse,
+    lose_one_of_two,
     read_metrics,
     wait_for,
 )
@@ -31,12 +32,7 @@ LONGEST_PAUSE_S = HEARTBEAT_MS / 1000 + 4.0
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_a_killed_group_is_relaunched_recovers_live_and_ends_with_the_survivors_weights(tmp_path):
     with lighthouse() as address, groups_ended() as started:
-        survivor = Group(tmp_path / "group0", 0, address, *LAST_WEIGHTS)
-        victim = Group(tmp_path / "group1", 1, address, *LAST_WEIGHTS)
-        started += [survivor, victim]
-        wait_for(lambda: min(last_step(survivor.folder), last_step(victim.folder)) >= KILL_AT, 90,
-                 [survivor, victim], f"step {KILL_AT} in both groups")
-        victim.kill()
+        survivor, victim = lose_one_of_two(tmp_path, address, started, KILL_AT, *LAST_WEIGHTS)
         first_life = len(read_metrics(victim.folder))
         # The same command, the same dump folder: what a supervisor restarting the group does. The lost launch's
         # run-folder lock died with it, and it left no checkpoint, so the relaunch starts at step 0 and is behind.
@@ -71,11 +67,7 @@ def test_a_killed_two_process_group_leaves_its_two_process_peer_training_alone(t
     steps, kill_at = 20, 5
     args = ["--training.steps", str(steps), "--parallelism.data_parallel_shard_degree", "2"]
     with lighthouse() as address, groups_ended() as started:
-        started += [Group(tmp_path / f"group{g}", g, address, *args, nproc=2) for g in (0, 1)]
-        survivor, victim = started
-        wait_for(lambda: min(last_step(survivor.folder), last_step(victim.folder)) >= kill_at, 120, started,
-                 f"step {kill_at} in both groups")
-        victim.kill()
+        survivor, _ = lose_one_of_two(tmp_path, address, started, kill_at, *args, nproc=2)
         code, stderr = survivor.finish()
     assert code == 0, stderr[-3000:]
     records = read_metrics(survivor.folder)

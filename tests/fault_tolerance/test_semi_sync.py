@@ -8,11 +8,10 @@ from tests.fault_tolerance.replica_harness import (
     Group,
     assert_bitwise_equal,
     groups_ended,
-    last_step,
     last_weights,
     lighthouse,
+    lose_one_of_two,
     read_metrics,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -32,11 +31,7 @@ def mean(values: list[float]) -> float:
 def test_semi_sync_groups_learn_and_one_goes_on_alone_after_the_other_is_killed(tmp_path, method):
     args = [*SEMI_SYNC, "--fault_tolerance.semi_sync_method", method]
     with lighthouse() as address, groups_ended() as started:
-        survivor, victim = Group(tmp_path / "group0", 0, address, *args), Group(tmp_path / "group1", 1, address, *args)
-        started += [survivor, victim]
-        wait_for(lambda: min(last_step(survivor.folder), last_step(victim.folder)) >= KILL_AFTER, 90,
-                 [survivor, victim], f"step {KILL_AFTER} in both groups")
-        victim.kill()
+        survivor, _ = lose_one_of_two(tmp_path, address, started, KILL_AFTER, *args)
         code, stderr = survivor.finish()
     assert code == 0, stderr[-3000:]
 
@@ -64,11 +59,7 @@ def test_a_relaunched_diloco_group_takes_its_peers_state_at_a_sync_and_ends_with
             "--fault_tolerance.semi_sync_method", "diloco", "--checkpoint.enable", "--checkpoint.interval", "100000",
             "--checkpoint.last_save_model_only", "true"]
     with lighthouse() as address, groups_ended() as started:
-        survivor, victim = Group(tmp_path / "group0", 0, address, *args), Group(tmp_path / "group1", 1, address, *args)
-        started += [survivor, victim]
-        wait_for(lambda: min(last_step(survivor.folder), last_step(victim.folder)) >= kill_after, 90,
-                 [survivor, victim], f"step {kill_after} in both groups")
-        victim.kill()
+        survivor, victim = lose_one_of_two(tmp_path, address, started, kill_after, *args)
         first_life = len(read_metrics(victim.folder))
         relaunched = Group(tmp_path / "group1", 1, address, *args)
         started.append(relaunched)
