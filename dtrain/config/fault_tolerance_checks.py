@@ -52,9 +52,14 @@ def check_fault_tolerance(cfg: JobConfig) -> None:
         )
 
 
-def check_lighthouse_named(cfg: JobConfig, env=os.environ) -> None:
-    """A fault-tolerant run names its lighthouse (checked before the run, in the environment it runs in)."""
-    if cfg.fault_tolerance.enable and not lighthouse_address(cfg, env):
+def check_replica_launch(cfg: JobConfig, cuda: bool, env=os.environ) -> None:
+    """What a fault-tolerant launch needs of where it runs: its lighthouse named (in the config or the environment)
+    and, for NCCL between the groups, CUDA."""
+    if not cfg.fault_tolerance.enable:
+        return
+    if cfg.fault_tolerance.process_group == "nccl" and not cuda:
+        raise ConfigError("fault_tolerance.process_group = nccl needs CUDA GPUs; this run is on the CPU: use gloo")
+    if not lighthouse_address(cfg, env):
         raise ConfigError(
             f"fault_tolerance.enable needs torchft's lighthouse: set fault_tolerance.lighthouse or {LIGHTHOUSE_ENV} "
             "(e.g. http://localhost:29510; scripts/ft_local.sh starts one)"

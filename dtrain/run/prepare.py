@@ -13,7 +13,7 @@ import torch
 
 from dtrain.checkpoint.config_checks import check_checkpoint_config
 from dtrain.config.converters import FLOAT8_NAMES, MX_NAMES
-from dtrain.config.fault_tolerance_checks import check_lighthouse_named
+from dtrain.config.fault_tolerance_checks import check_replica_launch
 from dtrain.config.schema import Checkpoint, JobConfig, Model, Parallelism
 from dtrain.data import build_tokenizer
 from dtrain.errors import ConfigError
@@ -169,6 +169,6 @@ def prepare(cfg: JobConfig) -> Prepared:
     check_checkpoint_config(cfg.checkpoint, cfg.optimizer.name, world_size_from_env())
     check_hf_exportable(cfg.checkpoint, family, args)
     check_wandb_installed(cfg.metrics.enable_wandb)
-    check_lighthouse_named(cfg)
+    check_replica_launch(cfg, torch.cuda.is_available())
     check_run_folder(cfg.job, cfg.checkpoint, cfg.metrics)
     return Prepared(family, tokenizer, args)

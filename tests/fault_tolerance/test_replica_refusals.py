@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from dtrain.config import load_config
-from dtrain.config.fault_tolerance_checks import check_lighthouse_named
+from dtrain.config.fault_tolerance_checks import check_replica_launch
 from dtrain.errors import ConfigError
 from tests.e2e.run_train_helpers import run_train
 from tests.fault_tolerance.replica_harness import SHAPE, Group, groups_ended, lighthouse, read_metrics
@@ -70,8 +70,16 @@ def test_group_counts_that_contradict_each_other_are_config_errors(flags, expect
 def test_fault_tolerance_without_a_lighthouse_is_refused_before_the_run():
     cfg = load_config(GROUPS, env={})
     with pytest.raises(ConfigError, match="fault_tolerance.enable needs torchft's lighthouse") as refused:
-        check_lighthouse_named(cfg, env={})
+        check_replica_launch(cfg, cuda=False, env={})
     assert "\n" not in str(refused.value)
-    check_lighthouse_named(cfg, env={"TORCHFT_LIGHTHOUSE": "http://localhost:29510"})  # the variable is enough
+    check_replica_launch(cfg, cuda=False, env={"TORCHFT_LIGHTHOUSE": "http://localhost:29510"})  # the variable
     cfg.fault_tolerance.lighthouse = "http://localhost:29510"
-    check_lighthouse_named(cfg, env={})  # and so is the key
+    check_replica_launch(cfg, cuda=False, env={})  # or the key
+
+
+def test_nccl_between_the_groups_is_refused_without_cuda():
+    cfg = load_config([*GROUPS, "--fault_tolerance.process_group", "nccl"], env={})
+    cfg.fault_tolerance.lighthouse = "http://localhost:29510"
+    with pytest.raises(ConfigError, match="process_group = nccl needs CUDA GPUs; this run is on the CPU: use gloo"):
+        check_replica_launch(cfg, cuda=False)
+    check_replica_launch(cfg, cuda=True)
