@@ -63,8 +63,9 @@ def check_lighthouse(address: str) -> None:
 
 def group_store(world_rank: int, distributed: bool) -> tuple[str, int, dist.TCPStore]:
     """A TCPStore of this group for its Manager, hosted by the group's rank 0 (a world of one has no store of its
-    own, and torchrun's may be a file store): its address, port and the handle that keeps it alive."""
-    host = socket.gethostname() if distributed else "localhost"
+    own, and torchrun's may be a file store): its address, port and the handle that keeps it alive. The address
+    is the host's name, as the other groups reach it: torchft hands it to them in the quorum."""
+    host = socket.gethostname()
     store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False) if world_rank == 0 else None
     if distributed:
         address = [host, store.port if store is not None else 0]
