@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dtrain.config.schema import FaultTolerance
+from dtrain.config.schema_opt_in import FaultTolerance
 from dtrain.step.state import RankCoordinates
 
 

@@ -14,7 +14,7 @@ import contextlib
 import torch
 from torch import nn
 
-from dtrain.config.schema import FaultTolerance
+from dtrain.config.schema_opt_in import FaultTolerance
 from dtrain.step.state import TrainState
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from dtrain.config.converters import FLOAT8_NAMES
-from dtrain.config.schema import QuantizeLinearFloat8
+from dtrain.config.schema_opt_in import QuantizeLinearFloat8
 from dtrain.precision.torchao_import import quiet_torchao_import
 
 logger = logging.getLogger("dtrain")

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from torch import nn
 
 from dtrain.config.converters import MX_NAMES
-from dtrain.config.schema import QuantizeLinearMX
+from dtrain.config.schema_opt_in import QuantizeLinearMX
 from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED
 from dtrain.precision.float8 import linear_filter
 from dtrain.precision.torchao_import import quiet_torchao_import

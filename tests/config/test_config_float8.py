@@ -9,7 +9,7 @@ import pytest
 from dtrain.config import JobConfig, format_help, to_toml, validate_config
 from dtrain.config.converters import check_mx_compute_dtype
 from dtrain.config.loader import apply_toml
-from dtrain.config.schema import QuantizeLinearMX
+from dtrain.config.schema_opt_in import QuantizeLinearMX
 from dtrain.config.toml_io import read_toml
 from dtrain.errors import ConfigError
 from dtrain.run.prepare import check_converters_on_this_torch

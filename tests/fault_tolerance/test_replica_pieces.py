@@ -5,7 +5,7 @@ import socket
 import pytest
 import torch
 
-from dtrain.config.schema import FaultTolerance
+from dtrain.config.schema_opt_in import FaultTolerance
 from dtrain.fault_tolerance.data_share import data_slot, job_rank_coordinates
 from dtrain.fault_tolerance.gradient_sum import buckets, sum_gradients
 from dtrain.fault_tolerance.replica_groups import ReplicaError, check_lighthouse
