@@ -200,7 +200,9 @@ _COMPILED_RUN = (
     "test_the_trainer_writes_the_report_logs_it_once_and_dumps_inductor_code_of_the_first_step"
 )
 _DETERMINISM = "tests/step/test_step.py::test_deterministic_warn_only_warns_instead_of_raising"
-_FT_PARITY = "tests/fault_tolerance/test_ft_hsdp_parity.py::test_fault_tolerant_hsdp_trains_plain_hsdps_curve"
+_FT_PARITY = (
+    "tests/fault_tolerance/test_ft_layout_parity.py::test_replica_groups_train_the_curve_of_their_layout_replicated"
+)
 TESTED_SAME = {
     **{
         f"fault_tolerance.{name}": _FT_PARITY
