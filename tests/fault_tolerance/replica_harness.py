@@ -82,6 +82,14 @@ class Group:
         return self.stderr_path.read_text(errors="replace")
 
 
+def finished_well(*groups: Group) -> list[str]:
+    """Each group's stderr once it has ended, after asserting that each exited 0."""
+    outcomes = [group.finish() for group in groups]
+    for group, (code, stderr) in zip(groups, outcomes):
+        assert code == 0, f"{group.folder.name}: {stderr[-3000:]}"
+    return [stderr for _, stderr in outcomes]
+
+
 @contextlib.contextmanager
 def groups_ended(*groups: Group):
     """Kill every group still running at the end of the block (a failed assertion leaves nothing behind)."""

@@ -3,7 +3,14 @@
 
 import pytest
 
-from tests.fault_tolerance.replica_harness import Group, groups_ended, lighthouse, read_metrics, wait_for
+from tests.fault_tolerance.replica_harness import (
+    Group,
+    finished_well,
+    groups_ended,
+    lighthouse,
+    read_metrics,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 STEPS = 8
@@ -14,9 +21,7 @@ CHECKPOINTED = ["--checkpoint.enable", "--checkpoint.interval", "3"]
 
 def run_to_the_end(folder, address, *args):
     groups = [Group(folder / f"group{g}", g, address, *BOTH, *args) for g in (0, 1)]
-    for group in groups:
-        code, err = group.finish()
-        assert code == 0, err[-2000:]
+    finished_well(*groups)
 
 
 def test_a_job_that_lost_every_group_resumes_from_the_checkpoints_exactly(tmp_path):

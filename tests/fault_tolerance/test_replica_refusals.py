@@ -40,7 +40,9 @@ def test_an_unreachable_lighthouse_is_refused_in_one_line(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.parametrize("semi_sync", [[], ["--fault_tolerance.semi_sync_method", "local_sgd"]], ids=["sync", "local_sgd"])
+@pytest.mark.parametrize(
+    "semi_sync", [[], ["--fault_tolerance.semi_sync_method", "local_sgd"]], ids=["sync", "local_sgd"]
+)
 def test_two_groups_under_one_replica_id_are_both_refused(tmp_path, semi_sync):
     # min_replicas 2: the first quorum holds both launches, so neither trains a step alone before the check; under
     # local_sgd the first quorum is the first synchronization's, after sync_steps steps of each group alone.
