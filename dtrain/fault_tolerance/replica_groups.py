@@ -89,7 +89,9 @@ class ReplicaGroups:
     recoveries: int = 0
     recovery_seconds: float = 0.0
     discarded_steps: int = 0
+    min_replica_size: int = 1
     _recovered: bool = field(default=False, repr=False)
+    _discarding: int = field(default=0, repr=False)  # discarded attempts since the last step done
 
     def load_live_state(self, state: TrainState, state_dict: dict) -> None:
         """torchft's load_state_dict: the state of a live peer, taken when this group was behind."""
@@ -146,13 +148,18 @@ class ReplicaGroups:
         if self.semi_sync:
             return True
         committed = self.manager.should_commit()
-        if not committed:
-            self.discarded_steps += 1
+        # Said once per run of discarded steps (a group waiting for min_replica_size groups discards every step).
+        if not committed and self._discarding == 0:
             logger.warning(
                 "replica group %d: step %d discarded (a group failed during it, or fewer than "
-                "fault_tolerance.min_replica_size took part); it is retried with the next batch",
-                self.replica_id, self.manager.current_step() + 1,
+                "fault_tolerance.min_replica_size = %d took part); it is retried on the same batches until it commits",
+                self.replica_id, self.manager.current_step() + 1, self.min_replica_size,
             )
+        elif committed and self._discarding:
+            logger.info("replica group %d: step %d done after %d discarded attempt(s)",
+                        self.replica_id, self.manager.current_step(), self._discarding)
+        self._discarding = 0 if committed else self._discarding + 1
+        self.discarded_steps += not committed
         return committed
 
     def metrics(self) -> dict[str, float]:
@@ -184,7 +191,10 @@ def join_replica_groups(
     timeout = timedelta(milliseconds=ft.process_group_timeout_ms)
     pg = ProcessGroupNCCL(timeout=timeout) if ft.process_group == "nccl" else ProcessGroupGloo(timeout=timeout)
     host, port, store = group_store(world_rank, world_size > 1)
-    groups = ReplicaGroups(None, ft.replica_id, ft.group_size, bool(ft.semi_sync_method), store, device)
+    groups = ReplicaGroups(
+        None, ft.replica_id, ft.group_size, bool(ft.semi_sync_method), store, device,
+        min_replica_size=ft.min_replica_size,
+    )
     quorum_timeout = timedelta(seconds=cfg.comm.init_timeout_seconds)
     groups.manager = managed_quorums(address, quorum_timeout, groups.check_unique_ids)(
         pg=pg,

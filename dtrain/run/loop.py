@@ -18,13 +18,16 @@ def run_loop(state: TrainState, steps: int, accumulation: int, device: torch.dev
     data = iter(state.dataloader)
     start_step = state.step
     stop = False
+    retries = state.setup.replicas is not None  # replica groups may discard a step: it is retried on its batches
     with hooks.running():
         while state.step < steps and not stop:
+            position = state.dataloader.state_dict() if retries else None
             batch = [to_device(next(data), device) for _ in range(accumulation)]
             first = state.step == start_step
             with hooks.around_step(first):
                 step_metrics = train_step(state, batch)
-            if step_metrics is None:  # discarded by the replica groups (fault tolerance): retried
+            if step_metrics is None:  # discarded by the replica groups (fault tolerance)
+                state.dataloader.load_state_dict(position)
                 end = StepEnd(state.step, {}, state.tokens_seen, first=first, last=False)
                 hooks.after_discarded(end)
             else:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from dtrain.checkpoint.dcp_io import read_full_weights
-from tests.e2e.run_train_helpers import FP32, REPO, user_env
+from tests.e2e.run_train_helpers import FP32, REPO, children, user_env
 
 # A step of ~0.1 s on 2 cores: long runs stay cheap, and a kill lands between steps of a live run.
 SHAPE = ["--training.dataset", "synthetic", "--model.tokenizer", "byte", "--training.seq_len", "32",
@@ -69,6 +69,12 @@ class Group:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=30)
+
+    def preempt(self) -> None:
+        """SIGTERM to the training process of a 1-process group (run_train.sh execs it under `timeout`), as a
+        scheduler preempting the job sends it; once, since a second one ends the process at once."""
+        for pid in children(self.process.pid):
+            os.kill(pid, signal.SIGTERM)
 
     def finish(self, timeout: float = GROUP_TIMEOUT_S + 10) -> tuple[int, str]:
         """(exit code, stderr) once the group has ended; killed if it outlives `timeout`."""

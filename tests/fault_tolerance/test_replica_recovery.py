@@ -71,3 +71,17 @@ def test_a_killed_two_process_group_leaves_its_two_process_peer_training_alone(t
     records = read_metrics(survivor.folder)
     assert records[-1]["step"] == steps
     assert [r["step"] for r in records if r["step"] > kill_at and r["ft/participating_groups"] == 1]
+
+
+def test_a_group_whose_attempts_are_all_discarded_still_stops_on_a_preemption_signal(tmp_path):
+    """Alone where fault_tolerance.min_replica_size asks for 2 groups, every attempt at step 1 is discarded; SIGTERM
+    still stops the group after the attempt in flight, with exit code 0 and nothing trained."""
+    with lighthouse() as address, groups_ended() as started:
+        lone = Group(tmp_path / "group0", 0, address, "--training.steps", "20", "--fault_tolerance.min_replica_size",
+                     "2")
+        started.append(lone)
+        wait_for(lambda: "discarded" in lone.stderr(), 90, started, "a discarded attempt")
+        lone.preempt()
+        (stderr,) = finished_well(lone)
+    assert "stopped at step 0 on a preemption signal" in stderr
+    assert not read_metrics(lone.folder)
