@@ -5,7 +5,7 @@
 #   NPROC=4 ./run_train.sh --parallelism.tensor_parallel_degree 2
 #
 # Environment:
-#   NPROC (alias NGPU)   processes on this machine; default: the number of GPUs, or 1 on CPU
+#   NPROC (alias NGPU)   processes on this machine; default: the number of GPUs, or 1 on CPU (both set: equal)
 #   NNODES, NODE_RANK    multi-node runs; with RDZV_ENDPOINT (host:port, c10d rendezvous, preferred)
 #                        or MASTER_ADDR/MASTER_PORT (static rendezvous)
 #   LOG_RANK             which local rank prints (default 0; "all" for every rank)
@@ -24,6 +24,10 @@ log_rank="${LOG_RANK:-0}"
 # Every launch variable is checked before anything starts or is written (even the Python environment): one line
 # naming it, exit code 2 (see rendezvous.sh).
 source "$repo_root/scripts/rendezvous.sh" --check
+# NGPU is NPROC's other name (torchtitan's): two values would leave one of them silently ignored.
+if [ -n "${NPROC:-}" ] && [ -n "${NGPU:-}" ] && [ "$NPROC" != "$NGPU" ]; then
+    launch_env_error NGPU "$NGPU" "it disagrees with NPROC=$NPROC (NGPU is another name for NPROC); set one of them"
+fi
 if [ -n "$nproc" ] && [[ ! "$nproc" =~ ^[1-9][0-9]*$ ]]; then
     nproc_name="$([ -n "${NPROC:-}" ] && echo NPROC || echo NGPU)"
     launch_env_error "$nproc_name" "$nproc" "use a number of processes (1 or more)"

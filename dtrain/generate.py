@@ -5,8 +5,9 @@
 
 A dtrain (DCP) checkpoint is read with its run's resolved config (`<run>/config.toml`, two folders above the
 checkpoint, or `--config`), so it rebuilds the model it was trained as; `--model.*` flags (e.g.
-`--model.hf_assets_path` for the tokenizer) apply on top. A run folder, or its checkpoint folder, stands for its
-newest committed checkpoint; an uncommitted `step-N.partial` is refused. With `--hf` the checkpoint is a Hugging
+`--model.hf_assets_path` for the tokenizer) apply on top; model args or LoRA settings that differ from what the
+checkpoint's commit record says it was trained with are refused. A run folder, or its checkpoint folder, stands for
+its newest committed checkpoint; an uncommitted `step-N.partial` is refused. With `--hf` the checkpoint is a Hugging
 Face folder whose config.json decides family and shape, and whose tokenizer (if it has one) decodes the output.
 stdout gets `ids: a,b,c` (the new token ids) and, when a tokenizer is known, `text: ...`; progress goes to stderr.
 """
@@ -69,7 +70,7 @@ class Loaded:
 
 
 def _config_argv(opts: argparse.Namespace, rest: list[str], checkpoint: Path) -> list[str]:
-    if opts.hf or "--config" in rest or any(a.startswith("--config=") for a in rest):
+    if opts.hf or _given_config(rest) is not None:
         return rest
     run_config = checkpoint.resolve().parent.parent / "config.toml"
     if not run_config.is_file():
@@ -77,20 +78,26 @@ def _config_argv(opts: argparse.Namespace, rest: list[str], checkpoint: Path) ->
     return ["--config", str(run_config), *rest]
 
 
+def _given_config(argv: list[str]) -> str | None:
+    """The --config value among the config flags, if any."""
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg.removeprefix("--config=")
+    return None
+
+
 def resolve_checkpoint(path: Path, hf: bool) -> Path:
     """The checkpoint `path` names: itself; for a run's checkpoint folder its newest committed step; for a run
     folder (the one with config.toml) its checkpoint folder's newest committed step. A `step-N.partial` (or
     `.replaced`) folder is refused: the commit protocol (dtrain/checkpoint/folders.py) never loads one."""
-    from dtrain.checkpoint.folders import is_dcp_checkpoint, is_leftover, scan_checkpoints
+    from dtrain.checkpoint.folders import is_dcp_checkpoint, scan_checkpoints
+    from dtrain.checkpoint.tool_checks import refuse_uncommitted
 
     if not path.exists():
         raise ConfigError(f"--checkpoint {path} does not exist")
-    if is_leftover(path):
-        committed = scan_checkpoints(path.parent).committed
-        latest = f"the latest committed one is {committed[-1].path}" if committed else "none beside it is committed"
-        why = {".partial": "a save that never finished", ".replaced": "an older copy being replaced",
-               ".deleting": "a checkpoint being deleted by keep_latest_k"}[path.suffix]
-        raise ConfigError(f"--checkpoint {path} is uncommitted ({why}) and is never loaded; {latest}")
+    refuse_uncommitted(path, "--checkpoint")
     if hf or is_dcp_checkpoint(path):
         return path
     folder = path
@@ -126,14 +133,18 @@ def _hf_eos_ids(folder: Path) -> tuple[int, ...]:
 
 
 def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, dtype: torch.dtype) -> Loaded:
+    from dtrain.checkpoint.config_checks import model_record
     from dtrain.checkpoint.hf_io import token_ids
+    from dtrain.checkpoint.tool_checks import check_config_agrees, read_checkpoint_record
     from dtrain.config import load_config
     from dtrain.data import build_tokenizer
     from dtrain.run.hf_start import hf_start
     from dtrain.run.prepare import model_args, model_family
 
     checkpoint = resolve_checkpoint(opts.checkpoint, opts.hf)
-    cfg = load_config(_config_argv(opts, rest, checkpoint))
+    argv = _config_argv(opts, rest, checkpoint)
+    cfg = load_config(argv)
+    record = None
     if opts.hf:
         cfg.checkpoint.initial_load_path, cfg.checkpoint.initial_load_in_hf = str(checkpoint), True
         start = hf_start(cfg.checkpoint, cfg.model.name)
@@ -149,6 +160,11 @@ def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, 
         family, start = model_family(cfg)  # as training resolves it: the run's config may name no flavor
         tokenizer = build_tokenizer(cfg.model)
         args = model_args(cfg, family.model, tokenizer.vocab_size, start)
+        # The model and LoRA settings the checkpoint was trained with, not another config's (tool_checks.py).
+        record = read_checkpoint_record(checkpoint, "--checkpoint")
+        given = _given_config(rest)
+        source = f"--config {given}" if given else f"the run's config {_given_config(argv)}"
+        check_config_agrees(checkpoint, record, source, model_record(cfg.model, args), cfg.lora)
         # Those its Hugging Face export carries (to-hf), so that both stop at the same token.
         eos = token_ids(cfg.model, cfg.checkpoint)["eos_token_id"]
         eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)
@@ -160,7 +176,7 @@ def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, 
         from dtrain.checkpoint.hf_io import load_hf_weights
 
         load_hf_weights([model], checkpoint, family.model.hf_adapter(args))
-    elif _lora_record(checkpoint):
+    elif record is not None and record.lora:
         _load_lora_run_weights(model, checkpoint, cfg.lora, family.model.hf_adapter(args))
     else:
         _load_dcp_weights(model, checkpoint)
@@ -171,11 +187,7 @@ def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, 
 def _load_dcp_weights(model: nn.Module, path: Path) -> None:
     """The model's weights from a full or model-only DCP checkpoint, read straight into its tensors."""
     from dtrain.checkpoint import dcp_io
-    from dtrain.checkpoint.folders import COMMIT_FILE
 
-    if not (path / COMMIT_FILE).is_file():  # dtrain's own are always verified (their record holds the checksums)
-        print(f"warning: {path} has no {COMMIT_FILE}: a checkpoint from elsewhere, read without checksums",
-              file=sys.stderr)
     weights = dcp_io.model_state_dict([model])
     shapes = dcp_io.read_tensor_shapes(path)
     prefix = dcp_io.weights_prefix(shapes)
@@ -184,13 +196,6 @@ def _load_dcp_weights(model: nn.Module, path: Path) -> None:
         dcp_io.load({prefix + k: v for k, v in weights.items()}, path)
     except Exception as err:  # DCP wraps the reader's failure; one line of it is what the user needs
         raise DtrainError(f"cannot read checkpoint {path} ({dcp_io.failure_summary(err)})") from err
-
-
-def _lora_record(path: Path) -> dict:
-    """The [lora] record of a LoRA run's checkpoint (settings and frozen base), empty for any other."""
-    from dtrain.checkpoint.folders import COMMIT_FILE, read_record
-
-    return read_record(path).lora if (path / COMMIT_FILE).is_file() else {}
 
 
 def _load_lora_run_weights(model: nn.Module, path: Path, lora, hf_adapter) -> None:

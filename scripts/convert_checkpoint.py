@@ -10,12 +10,17 @@
     python scripts/convert_checkpoint.py to-peft outputs/run/checkpoint/step-1000 adapter_out
 
 to-hf needs the model's hyperparameters: it reads the run's resolved config (<run>/config.toml, found two folders
-above the checkpoint; or --config), which records them in full; the config.json it writes carries the special-token
-ids of the HF config the run started from, else of its tokenizer. from-hf reads family and shape from the HF
-config.json (--family overrides its architecture / model_type). A LoRA run's checkpoint (lora.enable in its
+above the checkpoint; or --config), which records them in full; a config whose model args or [lora] settings differ
+from what the checkpoint's commit record says it was trained with is refused. The config.json it writes carries the
+special-token ids of the HF config the run started from, else of its tokenizer. from-hf reads family and shape from
+the HF config.json (--family overrides its architecture / model_type). A LoRA run's checkpoint (lora.enable in its
 config) goes to-hf with every adapter merged into its base weight, its frozen base read from where the run read it
 (an adapter-only checkpoint refers to it), and to-peft as the adapters alone, which peft.PeftModel.from_pretrained
 loads onto the Hugging Face base model.
+
+Every subcommand refuses an uncommitted checkpoint (step-N.partial, .replaced, .deleting) and a damaged one, and
+reads a DCP folder without dtrain's commit record (from elsewhere) with one warning. to-hf and to-peft write into a
+new or empty folder, or replace an earlier export of the same kind there (tool_checks.py, export_folder.py).
 """
 
 from __future__ import annotations
@@ -25,14 +30,18 @@ import datetime
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
 from dtrain.checkpoint import dcp_io
+from dtrain.checkpoint.config_checks import model_record
+from dtrain.checkpoint.export_folder import check_export_folder, write_export
 from dtrain.checkpoint.folders import CommitRecord, commit
 from dtrain.checkpoint.hf_io import CONFIG_FILE, build_adapter, iter_hf_weights, read_hf_config, save_hf, token_ids
 from dtrain.checkpoint.peft_export import lora_run_weights, save_merged_hf, save_peft_adapter
 from dtrain.checkpoint.peft_names import is_lora
+from dtrain.checkpoint.tool_checks import check_config_agrees, read_checkpoint_record, refuse_uncommitted
 from dtrain.errors import DtrainError
 from dtrain.parallelize import FAMILIES, get_family
 from dtrain.precision.lora import apply_lora
@@ -41,19 +50,38 @@ from dtrain.run.hf_start import family_of
 DTYPES = dcp_io.EXPORT_DTYPES  # the dtypes of checkpoint.export_dtype
 
 
-def run_config_args(checkpoint: Path, config: Path | None):
-    """(family name, model args, the run's config) of the run that wrote `checkpoint`, from its resolved
-    config.toml."""
+class RunConfig(NamedTuple):
+    """The run that wrote a checkpoint, as its config describes it: model family and args, the config, and where the
+    config came from (for messages)."""
+
+    family: str
+    args: Any
+    cfg: Any
+    source: str
+
+
+def run_config(checkpoint: Path, config: Path | None) -> RunConfig:
+    """The run of `checkpoint`, from its resolved config.toml (or `config`)."""
     from dtrain.config import load_config
     from dtrain.data import build_tokenizer
     from dtrain.run.prepare import model_args, model_family
 
+    source = f"--config {config}" if config else None
     config = config or checkpoint.resolve().parent.parent / "config.toml"
     if not config.is_file():
         raise DtrainError(f"{config} not found; pass --config with the run's config.toml")
     cfg = load_config(["--config", str(config)])
     family, start = model_family(cfg)  # as training resolves it: the config may name no flavor
-    return family.name, model_args(cfg, family.model, build_tokenizer(cfg.model).vocab_size, start), cfg
+    args = model_args(cfg, family.model, build_tokenizer(cfg.model).vocab_size, start)
+    return RunConfig(family.name, args, cfg, source or f"the run's config {config}")
+
+
+def checked_record(checkpoint: Path, run: RunConfig) -> CommitRecord | None:
+    """The commit record of `checkpoint` (None for one from elsewhere), after refusing a run config that describes
+    another model or [lora] than it records."""
+    record = read_checkpoint_record(checkpoint, "checkpoint")
+    check_config_agrees(checkpoint, record, run.source, model_record(run.cfg.model, run.args), run.cfg.lora)
+    return record
 
 
 def expected_shapes(family_name: str, args, lora=None) -> dict[str, tuple[int, ...]]:
@@ -78,24 +106,41 @@ def run_weights(checkpoint: Path, family: str, args, cfg, adapter) -> dict[str, 
 
 
 def to_hf(opts) -> None:
-    family, args, cfg = run_config_args(opts.checkpoint, opts.config)
+    refuse_uncommitted(opts.checkpoint, "checkpoint")
+    run = run_config(opts.checkpoint, opts.config)
+    family, args, cfg = run.family, run.args, run.cfg
     adapter = build_adapter(family, args)
     try:  # a model Hugging Face's class would compute differently is refused before anything is read or written
         adapter.hf_config(DTYPES[opts.dtype])
     except ValueError as err:
         raise DtrainError(f"cannot export {opts.checkpoint} to Hugging Face: {err}") from None
+    checked_record(opts.checkpoint, run)
+    check_export_folder(opts.out, "hf")
     weights = run_weights(opts.checkpoint, family, args, cfg, adapter)
     save = partial(save_merged_hf, lora=cfg.lora) if cfg.lora.enable else save_hf
-    files = save(weights, opts.out, adapter, dtype=DTYPES[opts.dtype], max_shard_bytes=int(opts.max_shard_gb * 2**30),
-                 special_tokens=token_ids(cfg.model, cfg.checkpoint))
+    files = write_export(opts.out, "hf", lambda folder: save(
+        weights, folder, adapter, dtype=DTYPES[opts.dtype], max_shard_bytes=int(opts.max_shard_gb * 2**30),
+        special_tokens=token_ids(cfg.model, cfg.checkpoint)))
     merged = " (LoRA adapters merged into the base)" if cfg.lora.enable else ""
     print(f"wrote {len(files)} files to {opts.out}{merged}")
 
 
+def check_lora_run(checkpoint: Path, record: CommitRecord | None, lora) -> None:
+    """Refuse a checkpoint that holds no LoRA adapters, described by its record where it has one (checked_record has
+    refused a config that contradicts it), else by its config's [lora] (`lora`)."""
+    if record is not None and not record.lora:
+        raise DtrainError(f"{checkpoint} is not a LoRA run's checkpoint (its commit record has no [lora] settings)")
+    if record is None and not lora.enable:
+        raise DtrainError(f"{checkpoint} has no commit record, and its config has lora.enable = false: no LoRA "
+                          "adapters to export")
+
+
 def to_peft(opts) -> None:
-    family, args, cfg = run_config_args(opts.checkpoint, opts.config)
-    if not cfg.lora.enable:
-        raise DtrainError(f"{opts.checkpoint} is not a LoRA run's checkpoint (its config has lora.enable = false)")
+    refuse_uncommitted(opts.checkpoint, "checkpoint")
+    run = run_config(opts.checkpoint, opts.config)
+    family, args, cfg = run.family, run.args, run.cfg
+    check_lora_run(opts.checkpoint, checked_record(opts.checkpoint, run), cfg.lora)
+    check_export_folder(opts.out, "peft")
     adapter = build_adapter(family, args)
     adapters = {fqn: t for fqn, t in dcp_io.read_full_weights(opts.checkpoint).items() if is_lora(fqn)}
     expected = expected_shapes(family, args, cfg.lora)
@@ -105,13 +150,14 @@ def to_peft(opts) -> None:
     base = {fqn: torch.empty(shape, device="meta") for fqn, shape in expected.items() if not is_lora(fqn)}
     c = cfg.checkpoint
     base_path = c.initial_load_path if c.initial_load_in_hf and c.initial_load_path else None
-    files = save_peft_adapter({**base, **adapters}, opts.out, adapter, cfg.lora, DTYPES[opts.dtype],
-                              base_model_name_or_path=base_path)
+    files = write_export(opts.out, "peft", lambda folder: save_peft_adapter(
+        {**base, **adapters}, folder, adapter, cfg.lora, DTYPES[opts.dtype], base_model_name_or_path=base_path))
     of_base = f" of {base_path}" if base_path else ""
     print(f"wrote {len(files)} files to {opts.out} (PEFT LoRA adapter{of_base})")
 
 
 def from_hf(opts) -> None:
+    refuse_uncommitted(opts.hf_dir, "Hugging Face folder")  # a last_save_in_hf save that never committed
     config = read_hf_config(opts.hf_dir)
     if config is None:
         raise DtrainError(f"{opts.hf_dir} has no config.json (needed for the model's shape)")
@@ -137,6 +183,7 @@ def from_hf(opts) -> None:
 
 
 def to_torch(opts) -> None:
+    read_checkpoint_record(opts.checkpoint, "checkpoint")
     torch.save(dcp_io.read_whole_state(opts.checkpoint), opts.out)
     print(f"wrote {opts.out}; read it with torch.load(path, weights_only=True)")
 

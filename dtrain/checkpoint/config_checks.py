@@ -70,6 +70,12 @@ def check_checkpoint_config(c: Checkpoint, optimizer_name: str, world_size: int)
         raise ConfigError(
             "checkpoint.initial_load_in_hf loads weights only; set checkpoint.initial_load_model_only = true"
         )
+    if c.initial_load_partial and (c.initial_load_in_hf or not c.initial_load_model_only):
+        # A Hugging Face folder's config.json must describe this model; a whole state's optimizer fits one model.
+        raise ConfigError(
+            "checkpoint.initial_load_partial loads the weights of a DCP checkpoint only; set "
+            "checkpoint.initial_load_model_only = true and checkpoint.initial_load_in_hf = false"
+        )
     if c.initial_load_in_hf and c.initial_load_writer != "auto":
         raise ConfigError(
             f"checkpoint.initial_load_writer = {c.initial_load_writer} is for DCP checkpoints; with "
@@ -137,22 +143,29 @@ def check_resume_changes(ctx: RunContext, path: Path, record: CommitRecord) -> N
         )
 
 
+def changed_model_args(saved: dict[str, Any], now: dict[str, Any], also_free: tuple[str, ...] = ()) -> list[str]:
+    """The model.args keys whose values differ between two model records (`model_record`) of one family, but the
+    args that are the run's to choose (the family's RUN_FIELDS: they change no weight) and `also_free`."""
+    free = (*get_family(now["name"]).model.hf_adapter.RUN_FIELDS, *also_free)
+    old_args, new_args = saved["args"], now["args"]
+    return [k for k in {**old_args, **new_args} if k not in free and old_args.get(k) != new_args.get(k)]
+
+
 def _check_same_model(path: Path, saved: dict[str, Any], now: dict[str, Any]) -> None:
     if not saved or not now:
         return
     new_run = (
-        f"or start a new run in a new job.dump_folder (checkpoint.initial_load_path = {path} loads its weights where "
-        "their shapes fit)"
+        f"or start a new run in a new job.dump_folder from its weights (checkpoint.initial_load_path = {path}; "
+        "checkpoint.initial_load_partial = true loads only the weights both models have)"
     )
     if saved["name"] != now["name"]:
         raise DtrainError(
             f"model.name = {now['name']} differs from checkpoint {path}'s {saved['name']}: a resume continues the "
             f"same model; set model.name = {saved['name']} (model.flavor = {saved['flavor'] or 'none'}), {new_run}"
         )
-    # The run's to choose; and tie_word_embeddings, which restore.check_tying refuses naming its own key.
-    free = (*get_family(now["name"]).model.hf_adapter.RUN_FIELDS, "tie_word_embeddings")
+    # tie_word_embeddings is restore.check_tying's to refuse, naming its own key.
+    changed = changed_model_args(saved, now, also_free=("tie_word_embeddings",))
     old_args, new_args = saved["args"], now["args"]
-    changed = [k for k in {**old_args, **new_args} if k not in free and old_args.get(k) != new_args.get(k)]
     via = f" (model.flavor {saved['flavor'] or 'none'} -> {now['flavor'] or 'none'})"
     via = via if saved["flavor"] != now["flavor"] else ""
     if changed:

@@ -13,10 +13,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from dtrain.checkpoint.dcp_io import model_state_dict, place_like, set_model_weights
+from dtrain.checkpoint.export_folder import export_mark
+from dtrain.checkpoint.load_checks import first_non_finite
 from dtrain.checkpoint.peft_names import is_lora
+from dtrain.checkpoint.spellings import model_fqns
 from dtrain.errors import DtrainError
 from dtrain.models.decoder import DecoderArgs
 from dtrain.parallelize import get_family
@@ -104,9 +108,9 @@ def iter_hf_weights(path: Path, adapter, fqns: list[str]) -> Iterator[tuple[str,
             yield fqn, adapter.from_hf(fqn, *(handles[index[name]].get_tensor(name) for name in names[fqn]))
 
 
-def load_hf_weights(model_parts: list[nn.Module], path: Path, adapter) -> None:
+def load_hf_weights(model_parts: list[nn.Module], path: Path, adapter, group: dist.ProcessGroup | None = None) -> None:
     """Load HF safetensors weights into the (possibly sharded) model parts; every weight but LoRA adapters must be
-    found."""
+    found, and finite (`group`: all ranks, which agree on the first that is not)."""
     config = read_hf_config(path)
     if config is not None:
         try:
@@ -127,6 +131,11 @@ def load_hf_weights(model_parts: list[nn.Module], path: Path, adapter) -> None:
                 f"this model's {fqn} has {list(target.shape)}"
             )
         loaded[fqn] = place_like(full, target)
+    bad = first_non_finite(loaded, model_fqns(loaded, group), group)
+    if bad is not None:
+        name = adapter.hf_names(bad)[0]
+        raise DtrainError(f"Hugging Face checkpoint {safetensors_index(path)[name]}: {name} holds NaN or Inf values; "
+                          "a checkpoint to start from must be finite (was it saved from a diverged run, or damaged?)")
     set_model_weights(model_parts, loaded)
 
 
@@ -156,7 +165,7 @@ def save_hf(
         names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     written = []
     for name, shard in zip(names, shards):
-        save_file(shard, str(out_dir / name), metadata={"format": "pt"})
+        save_file(shard, str(out_dir / name), metadata=export_mark("hf"))
         written.append(out_dir / name)
     if len(shards) > 1:
         total = sum(t.numel() * t.element_size() for shard in shards for t in shard.values())

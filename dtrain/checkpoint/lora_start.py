@@ -39,11 +39,12 @@ def load_base(ctx: RunContext, checkpoint: Path, base: dict[str, Any], load_weig
     if base["in_hf"]:
         from dtrain.checkpoint.hf_io import build_adapter, load_hf_weights
 
-        load_hf_weights(ctx.state.model_parts, path, build_adapter(ctx.model.name, ctx.model_args))
-    elif (path / COMMIT_FILE).is_file():
-        load_weights(ctx, path)
-    else:  # a base checkpoint from elsewhere, read as the initial load read it
-        load_weights(ctx, path, family_spellings(ctx.model.name, ctx.model_args), ctx.checkpoint.initial_load_writer)
+        load_hf_weights(ctx.state.model_parts, path, build_adapter(ctx.model.name, ctx.model_args), ctx.group)
+    elif (path / COMMIT_FILE).is_file():  # as the initial load read it, partially where it was allowed to
+        load_weights(ctx, path, partial=ctx.checkpoint.initial_load_partial)
+    else:  # a base checkpoint from elsewhere
+        load_weights(ctx, path, family_spellings(ctx.model.name, ctx.model_args), ctx.checkpoint.initial_load_writer,
+                     partial=ctx.checkpoint.initial_load_partial)
     logger.info(f"checkpoint: frozen base weights of {checkpoint.name} loaded from {path}")
 
 

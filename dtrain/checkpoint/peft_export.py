@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from dtrain.checkpoint.export_folder import export_mark
 from dtrain.checkpoint.hf_io import save_hf
 from dtrain.checkpoint.peft_names import (
     ADAPTER_CONFIG_FILE,
@@ -95,7 +96,7 @@ def save_peft_adapter(
             tensors[peft_name(hf_adapter, tensor)] = to_peft_layout(hf_adapter, tensor, value).to(dtype).contiguous()
     config = peft_adapter_config(lora, peft_target_modules(weights, hf_adapter), base_model_name_or_path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out_dir / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
+    save_file(tensors, str(out_dir / ADAPTER_WEIGHTS_FILE), metadata=export_mark("peft"))
     (out_dir / ADAPTER_CONFIG_FILE).write_text(json.dumps(config, indent=2))
     return [out_dir / ADAPTER_WEIGHTS_FILE, out_dir / ADAPTER_CONFIG_FILE]
 

@@ -1,7 +1,12 @@
 """A PEFT LoRA adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``) as the starting adapters
 of a run (lora.initial_adapter_path): its settings and tensors are checked against the run's [lora] section and
-model first, each mismatch refused in one line, then every adapter tensor is loaded into this rank's shards the way
-hf_io loads Hugging Face weights (each rank reads the whole tensor and keeps its own part)."""
+model first, each mismatch (and a NaN or Inf) refused in one line, then every adapter tensor is loaded into this
+rank's shards the way hf_io loads Hugging Face weights (each rank reads the whole tensor and keeps its own part).
+
+PEFT saves the whole base weight of an adapted lm_head or embed_tokens beside its adapter by default
+(``<module>.base_layer.weight``, save_embedding_layers="auto"): the run's base already holds that weight, so it is
+not loaded but must equal the base's (an adapter trained on another base is refused).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from dtrain.checkpoint.dcp_io import model_state_dict, place_like, set_model_weights
 from dtrain.checkpoint.hf_io import read_hf_config
@@ -19,12 +25,15 @@ from dtrain.checkpoint.peft_names import (
     ADAPTER_WEIGHTS_FILE,
     PEFT_PREFIX,
     from_peft_layout,
+    hf_module,
     lora_tensor,
     peft_name,
 )
 from dtrain.errors import DtrainError
 
 KEY = "lora.initial_adapter_path"
+# The suffix of a whole base weight PEFT saved beside the adapter of its module.
+BASE_LAYER = ".base_layer.weight"
 
 
 def read_adapter_config(path: Path) -> dict[str, Any]:
@@ -81,7 +90,8 @@ def adapter_weights_for(path: Path, tensors: dict[str, torch.Tensor], targets: d
     pipeline stages) does not adapt, missing ones and other shapes, naming the first."""
     names = {fqn: peft_name(hf_adapter, lora_tensor(fqn)) for fqn in targets}
     ours = f"this run's lora.target_modules = [{', '.join(lora.target_modules)}]"
-    extra = _modules(set(tensors) - {peft_name(hf_adapter, lora_tensor(fqn)) for fqn in whole_model})
+    extra = _modules(set(tensors) - {peft_name(hf_adapter, lora_tensor(fqn)) for fqn in whole_model}
+                     - set(saved_base_weights(tensors, hf_adapter, whole_model)))
     if extra:
         raise DtrainError(f"{KEY} {path} adapts {_first_of(extra)}, which {ours} do not adapt")
     missing = _modules({name for name in names.values() if name not in tensors})
@@ -97,9 +107,49 @@ def adapter_weights_for(path: Path, tensors: dict[str, torch.Tensor], targets: d
     return weights
 
 
+def peft_module(name: str) -> str:
+    """The HF module (model.layers.0.self_attn.q_proj) a PEFT tensor name belongs to: its name without the wrapper's
+    prefix, the ``.weight`` and the adapter's part (``lora_A``, ``lora_embedding_B``, ``base_layer``, ...)."""
+    parts = name.removeprefix(PEFT_PREFIX).removesuffix(".weight").split(".")
+    if len(parts) > 1 and (parts[-1].startswith("lora_") or parts[-1] == "base_layer"):
+        parts.pop()
+    return ".".join(parts)
+
+
+def saved_base_weights(tensors: dict[str, torch.Tensor], hf_adapter, whole_model: list[str]) -> dict[str, str]:
+    """{PEFT name: our FQN} of the whole base weights PEFT saved beside the adapters of modules the run adapts."""
+    adapted = {hf_module(hf_adapter, t.module): t.module for t in map(lora_tensor, whole_model)}
+    return {name: f"{adapted[peft_module(name)]}.weight" for name in tensors
+            if name.endswith(BASE_LAYER) and peft_module(name) in adapted}
+
+
+def check_saved_base_weights(path: Path, tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor], hf_adapter,
+                             whole_model: list[str]) -> None:
+    """Refuse a base weight saved beside the adapter that differs from this run's (`base`: this rank's weights)."""
+    for name, fqn in sorted(saved_base_weights(tensors, hf_adapter, whole_model).items()):
+        if fqn not in base:  # another pipeline stage's
+            continue
+        ours = base[fqn].full_tensor() if isinstance(base[fqn], DTensor) else base[fqn]
+        saved = hf_adapter.from_hf(fqn, tensors[name])
+        if tuple(saved.shape) != tuple(ours.shape) or not torch.equal(saved.to(ours.dtype), ours):
+            raise DtrainError(
+                f"{KEY} {path}: {ADAPTER_WEIGHTS_FILE} holds {name}, the base weight PEFT saves beside an adapter on "
+                f"{peft_module(name)}, and it differs from this run's {fqn}: the adapter was trained on another base "
+                "model than checkpoint.initial_load_path"
+            )
+
+
+def check_finite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse an adapter file with a NaN or Inf in any tensor (every rank reads all of them, so all refuse alike)."""
+    bad = next((name for name in sorted(tensors) if not torch.isfinite(tensors[name]).all()), None)
+    if bad is not None:
+        raise DtrainError(f"{KEY} {path}: {ADAPTER_WEIGHTS_FILE} holds NaN or Inf values in {bad}; an adapter to "
+                          "start from must be finite (was it saved from a diverged run, or damaged?)")
+
+
 def _modules(names: set[str]) -> list[str]:
     """The HF modules (model.layers.0.self_attn.q_proj) of PEFT tensor names, sorted."""
-    return sorted({name.removeprefix(PEFT_PREFIX).rsplit(".", 2)[0] for name in names})
+    return sorted({peft_module(name) for name in names})
 
 
 def _first_of(modules: list[str]) -> str:
@@ -115,5 +165,8 @@ def load_peft_adapter(model_parts: list[nn.Module], path: Path, lora, hf_adapter
     if not targets:
         raise DtrainError(f"{KEY} is set, but this model has no LoRA adapters to load it into (set [lora])")
     tensors = read_adapter_tensors(path)
-    weights = adapter_weights_for(path, tensors, targets, hf_adapter, whole_model or list(targets), lora)
+    check_finite(path, tensors)
+    whole_model = whole_model or list(targets)
+    weights = adapter_weights_for(path, tensors, targets, hf_adapter, whole_model, lora)
+    check_saved_base_weights(path, tensors, model_state_dict(model_parts), hf_adapter, whole_model)
     set_model_weights(model_parts, {fqn: place_like(weights[fqn], targets[fqn]) for fqn in targets})

@@ -33,6 +33,7 @@ from dtrain.checkpoint.folders import (
     read_record,
     scan_checkpoints,
 )
+from dtrain.checkpoint.load_checks import first_non_finite, fitting_weights
 from dtrain.checkpoint.lora_base import check_lora_settings
 from dtrain.checkpoint.lora_start import load_base, lora_weights, start_lora
 from dtrain.checkpoint.optimizer_checks import (
@@ -279,13 +280,14 @@ def _apply(ctx: RunContext, plan: _Plan) -> None:
     if plan.source == "hf":
         from dtrain.checkpoint.hf_io import build_adapter, load_hf_weights
 
-        load_hf_weights(ctx.state.model_parts, plan.path, build_adapter(ctx.model.name, ctx.model_args))
+        load_hf_weights(ctx.state.model_parts, plan.path, build_adapter(ctx.model.name, ctx.model_args), ctx.group)
     elif plan.model_only:
         # Only a checkpoint from elsewhere (no commit record) may spell the weights otherwise; dtrain's are ours.
         foreign = plan.rule == "initial_load" and record is None
         spellings = family_spellings(ctx.model.name, ctx.model_args) if foreign else ()
         writer = ctx.checkpoint.initial_load_writer if foreign else "dtrain"
-        load_weights(ctx, plan.path, spellings, writer, adapters_only=base is not None)
+        partial = plan.rule == "initial_load" and ctx.checkpoint.initial_load_partial
+        load_weights(ctx, plan.path, spellings, writer, adapters_only=base is not None, partial=partial)
     else:
         load_full_state(ctx, plan.path, plan.record, adapters_only=base is not None)
     if ctx.lora is not None and ctx.lora.enable:
@@ -315,19 +317,23 @@ def _degrees(parallelism: dict) -> str:
 
 def load_weights(
     ctx: RunContext, path: Path, spellings: tuple[WeightSpelling, ...] = (), writer: str = "dtrain",
-    adapters_only: bool = False,
+    adapters_only: bool = False, partial: bool = False,
 ) -> None:
     """Load the model weights (resharded to this layout) from a full or model-only DCP checkpoint, named as ours
     or as one of `spellings`, as `writer` (checkpoint.initial_load_writer) and the names decide (spellings.py).
 
-    Only LoRA adapters when `adapters_only`; adapters a checkpoint lacks (a base model's) keep their init."""
+    Only LoRA adapters when `adapters_only`; adapters a checkpoint lacks (a base model's) keep their init. Any other
+    weight the checkpoint holds and the model does not take, or the reverse, is refused unless `partial`
+    (checkpoint.initial_load_partial; load_checks.py); so is a NaN or Inf in a loaded weight."""
     shapes = dcp_io.read_tensor_shapes(path)
     prefix = dcp_io.weights_prefix(shapes)
     weights = lora_weights(dcp_io.model_state_dict(ctx.state.model_parts), shapes, prefix, adapters_only)
+    whole_model = model_fqns(weights, ctx.group)
     spelling = None
     if spellings:
-        spelling = find_spelling(shapes, prefix, model_fqns(weights, ctx.group), spellings, writer, path)
+        spelling = find_spelling(shapes, prefix, whole_model, spellings, writer, path)
     name = spelling.stored_name if spelling else (lambda fqn: fqn)
+    weights = fitting_weights(path, shapes, prefix, weights, whole_model, name, partial)
     dcp_io.check_weights_fit(path, shapes, prefix, weights, name)
     if spelling:
         logger.info(f"checkpoint: {path} names the weights as {spelling.writer} does")
@@ -342,6 +348,10 @@ def load_weights(
         _load(ctx, whole, path)
         for fqn in batch:
             loaded[fqn] = dcp_io.place_like(spelling.to_ours(fqn)(whole[stored[fqn]]), weights[fqn])
+    bad = first_non_finite(loaded, whole_model, ctx.group)
+    if bad is not None:
+        raise DtrainError(f"checkpoint {path}: {prefix}{name(bad)} holds NaN or Inf values; a checkpoint to start "
+                          "from must be finite (was it saved from a diverged run, or damaged?)")
     dcp_io.set_model_weights(ctx.state.model_parts, loaded)
 
 
@@ -358,6 +368,10 @@ def load_full_state(ctx: RunContext, path: Path, record: CommitRecord, adapters_
     current = state.state_dict()
     shapes = dcp_io.read_tensor_shapes(path)
     current[dcp_io.MODEL_KEY] = lora_weights(current[dcp_io.MODEL_KEY], shapes, f"{dcp_io.MODEL_KEY}.", adapters_only)
+    # The optimizer's state is per weight, so a whole state loads only into the model it was saved from.
+    fitting_weights(path, shapes, f"{dcp_io.MODEL_KEY}.", current[dcp_io.MODEL_KEY],
+                    model_fqns(current[dcp_io.MODEL_KEY], ctx.group), lambda fqn: fqn, partial=False,
+                    way_out="a whole training state loads only into the model it was saved from")
     dcp_io.check_weights_fit(path, shapes, f"{dcp_io.MODEL_KEY}.", current[dcp_io.MODEL_KEY])
     wanted = {k: v for k, v in current.items() if k not in exclude}
     ours, settings = group_values(current[dcp_io.OPTIMIZER_KEY]), group_settings(state.optimizer)

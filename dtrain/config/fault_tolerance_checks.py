@@ -45,6 +45,9 @@ def check_fault_tolerance(cfg: JobConfig) -> None:
             f"fault_tolerance.min_replica_size {ft.min_replica_size} is more than the {ft.group_size} replica "
             f"groups (fault_tolerance.group_size): no step could ever commit; use 1 to {ft.group_size}"
         )
+    if ft.outer_momentum >= 1:
+        # Nesterov momentum at 1 or more never decays: the outer updates grow without bound.
+        raise ConfigError(f"fault_tolerance.outer_momentum must be in [0, 1); got {ft.outer_momentum:g}")
     if ft.semi_sync_method and cfg.training.skip_nonfinite_steps:
         raise ConfigError(
             f"training.skip_nonfinite_steps must be 0 with fault_tolerance.semi_sync_method = {ft.semi_sync_method}:"

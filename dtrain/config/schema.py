@@ -332,6 +332,12 @@ class Checkpoint:
     initial_load_path: str = opt("", "Checkpoint to start from when the run directory has none.")
     initial_load_model_only: bool = opt(True, "Load only model weights from initial_load_path.")
     initial_load_in_hf: bool = opt(False, "initial_load_path holds Hugging Face safetensors.")
+    initial_load_partial: bool = opt(
+        False,
+        "Let a DCP initial_load_path load only the weights it shares with this model: its weights the model does "
+        "not take, and the model's weights it lacks (they keep their init), are listed in the log instead of "
+        "refused. Weights only (initial_load_model_only).",
+    )
     initial_load_writer: str = opt(
         "auto",
         "Who wrote a DCP initial_load_path that has no dtrain commit record, which decides how its weights are laid "

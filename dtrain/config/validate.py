@@ -256,6 +256,9 @@ def _check_lora(cfg: JobConfig) -> None:
         return
     if lora.dropout >= 1:
         raise ConfigError(f"lora.dropout must be in [0, 1); got {lora.dropout:g}")
+    if lora.alpha == 0:
+        # The adapters' updates are scaled by alpha / rank: at 0 every step trains nothing (grad norm 0).
+        raise ConfigError("lora.alpha must be > 0 (updates are scaled by alpha / rank; 0 trains nothing); got 0")
     p = cfg.parallelism
     split = [f"parallelism.{key} = {getattr(p, key)}" for key in ("tensor_parallel_degree", "context_parallel_degree")
              if getattr(p, key) > 1]

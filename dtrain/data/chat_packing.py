@@ -9,8 +9,10 @@ so none attends to another's tokens under document masking. Unpacked, each windo
 same conversation, else IGNORE_INDEX, so the global-token normalisation counts exactly the trained tokens.
 
 A conversation longer than a window is dropped or truncated to it (`overlong_policy`), counted, and said in one
-line when the first whole pass ends. The state is two ints, (epoch, position of the first row not yet placed): a
-window is a function of where it starts, so a resume re-reads from that row and continues with the very same windows.
+line when the first whole pass ends; data of which no conversation trains within a window is refused when the
+source is built (the pre-flight builds it too). The state is two ints, (epoch, position of the first row not yet
+placed): a window is a function of where it starts, so a resume re-reads from that row and continues with the very
+same windows.
 """
 
 from __future__ import annotations
@@ -69,37 +71,55 @@ class ChatSamples(SampleSource):
         self._pending: Tokenized | None = None  # read, but did not fit in the last window
         self._counts = {"conversations": 0, "dropped": 0, "truncated": 0, "tokens": 0, "targets": 0}
         self._reported: set[int] = set()
-        first = next(rows.rows(0), None)
-        if first is None:
-            raise DataError(f"{rows.description} holds no rows; check training.dataset_path")
-        # The first row through the template now: a wrong field name or a template that does not render stops
-        # the run before it writes anything; a later bad row stops it when it is reached, naming its line.
-        template.tokenize(conversation(first[2], chat, first[1]), first[1], find_targets=not chat.train_on_input)
+        self._check_trains()
+
+    def _tokenized(self, row: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
+        messages = conversation(row, self.chat, where)
+        return self.template.tokenize(messages, where, find_targets=not self.chat.train_on_input)
+
+    def _fitted(self, ids: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """A conversation after the overlong policy: as it is, cut to a window, or None when dropped."""
+        if len(ids) <= self.window_len:
+            return ids, targets
+        if self.chat.overlong_policy == "drop":
+            return None
+        return ids[: self.window_len], targets[: self.window_len]
+
+    def _check_trains(self) -> None:
+        """Rows are read until a conversation trains within a window, so that a wrong field name, a template that
+        does not render, or data of which nothing fits stops the run when this source is built, in the pre-flight,
+        before it writes anything; only data that is refused costs a whole pass. A later bad row stops the run
+        when it is reached, naming its line."""
+        read = False
+        for _, where, row in self.rows.rows(0):
+            read = True
+            fitted = self._fitted(*self._tokenized(row, where))
+            if fitted is not None and fitted[1][1:].any():  # a conversation's first token is never a label
+                return
+        if not read:
+            raise DataError(f"{self.rows.description} holds no rows; check training.dataset_path")
+        raise DataError(
+            f"{self.rows.description}: no conversation has a trained token within seq_len + 1 = {self.window_len} "
+            "tokens; raise training.seq_len or set training.chat.overlong_policy = truncate"
+        )
 
     def _conversations(self, epoch: int, start: int) -> Iterator[Tokenized]:
         """Every conversation from (epoch, start) on, forever, after the overlong policy."""
         while True:
-            placed = False
             for position, where, row in self.rows.rows(start):
-                messages = conversation(row, self.chat, where)
-                ids, targets = self.template.tokenize(messages, where, find_targets=not self.chat.train_on_input)
+                ids, targets = self._tokenized(row, where)
                 self._counts["conversations"] += 1
-                if len(ids) > self.window_len:
-                    if self.chat.overlong_policy == "drop":
-                        self._counts["dropped"] += 1
-                        continue
+                fitted = self._fitted(ids, targets)
+                if fitted is None:
+                    self._counts["dropped"] += 1
+                    continue
+                if len(fitted[0]) < len(ids):
                     self._counts["truncated"] += 1
-                    ids, targets = ids[: self.window_len], targets[: self.window_len]
-                placed = placed or targets[1:].any()
+                ids, targets = fitted
                 self._counts["tokens"] += len(ids)
                 self._counts["targets"] += int(targets[1:].sum())  # a conversation's first token is never a label
                 yield epoch, position, ids, targets
             self._report(epoch, start)
-            if start == 0 and not placed:
-                raise DataError(
-                    f"{self.rows.description}: no conversation has a trained token within seq_len + 1 = "
-                    f"{self.window_len} tokens; raise training.seq_len or set training.chat.overlong_policy = truncate"
-                )
             epoch, start = epoch + 1, 0
             self._counts = dict.fromkeys(self._counts, 0)
 

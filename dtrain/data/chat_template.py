@@ -14,15 +14,20 @@ Which characters are the assistant's:
   and the one whose turn-i content carries one more character first differ, extended over a special token that
   follows at once (the end-of-turn token, <|eot_id|> or <|im_end|>: the model must learn to stop).
   Rendering instead of searching for the content survives templates that strip, reformat or wrap the content
-  (Qwen3 adds an empty <think> block to the last turn only). Its limits: a template whose rendering of a prefix
-  differs from the start of the whole conversation is refused (one line: add `{% generation %}` or train on all
-  tokens); text a template writes between the content and its end-of-turn token is not trained.
+  (Qwen3 adds an empty <think> block to the last turn only). A turn that makes tool calls (`tool_calls`) is found
+  without its calls, and then takes in what the calls change inside it: the calls the template writes after the
+  content (Qwen) or instead of it (Llama 3.1) train with the turn's end-of-turn token, as the assistant's output
+  they are; a template that does not write them, or writes them outside the turn, is refused. Its limits: a
+  template whose rendering of a prefix differs from the start of the whole conversation is refused (one line: add
+  `{% generation %}` or train on all tokens); other text a template writes between the content and its
+  end-of-turn token is not trained.
 The whole text is tokenized once (the ids are transformers'), and a token is a target when its characters overlap
 an assistant span, the rule of transformers' assistant mask; tests/data/test_chat_template.py checks ids and
-masks against transformers for Llama 3 and Qwen3 templates.
+masks against transformers for Llama 3, Qwen2.5 and Qwen3 templates, tool calls included.
 
 `PlainChatTemplate` is for tokenizers without a template (the byte tokenizer): BOS, then "User: ...\n" lines and
-"Assistant: " followed by the answer and EOS; the answer and its EOS are the targets.
+"Assistant: " followed by the answer and EOS; the answer and its EOS are the targets. It has no way to write tool
+calls, so a turn with `tool_calls` is refused rather than trained without them.
 """
 
 from __future__ import annotations
@@ -84,6 +89,11 @@ class PlainChatTemplate(ChatTemplate):
         ids, targets = [self.tokenizer.bos_id], [not find_targets]
         for message in messages:
             role, content = message["role"], message["content"]
+            if message.get("tool_calls"):
+                raise DataError(
+                    f"{where} makes tool calls, which the plain chat template cannot write; use a Hugging Face "
+                    "tokenizer whose chat template writes tool_calls (training.chat.chat_template)"
+                )
             if role == "assistant":
                 head = self.tokenizer.encode("Assistant: ")
                 answer = self.tokenizer.encode(content) + [self.tokenizer.eos_id]
@@ -210,20 +220,84 @@ class JinjaChatTemplate(ChatTemplate):
                     "conversation, so its assistant turns cannot be found; use a template with {% generation %} "
                     "blocks or set training.chat.train_on_input = true"
                 )
-            marked = list(messages)
-            marked[index] = {**message, "content": message["content"] + CONTENT_MARK}
-            other = self.render(marked, where)
-            end = next((i for i, (a, b) in enumerate(zip(text, other)) if a != b), len(text))
-            if CONTENT_MARK not in other[end:] or not other.endswith(text[end:]) or end < len(prefix):
-                raise DataError(
-                    f"chat template {self.origin} does not write the assistant content of {where} as given, so its "
-                    "assistant tokens cannot be found; use a template with {% generation %} blocks or set "
-                    "training.chat.train_on_input = true"
-                )
-            # The end-of-turn token right after the answer is the model's to predict.
-            end += next((len(t) for t in self.special_tokens if text.startswith(t, end)), 0)
-            spans.append((len(prefix), end))
+            if message.get("tool_calls"):
+                end = self._tool_calls_end(messages, index, text, len(prefix), where)
+            else:
+                end = self._content_end(messages, index, text, len(prefix), where)
+            spans.append((len(prefix), self._past_end_of_turn(text, end)))
         return spans
+
+    def _content_end(self, messages: Sequence[Message], index: int, text: str, start: int, where: str) -> int:
+        """Where the content of messages[index], an assistant turn starting at `start` of `text`, ends."""
+        marked = list(messages)
+        marked[index] = {**messages[index], "content": messages[index]["content"] + CONTENT_MARK}
+        other = self.render(marked, where)
+        end = next((i for i, (a, b) in enumerate(zip(text, other)) if a != b), len(text))
+        if CONTENT_MARK not in other[end:] or not other.endswith(text[end:]) or end < start:
+            raise DataError(
+                f"chat template {self.origin} does not write the assistant content of {where} as given, so its "
+                "assistant tokens cannot be found; use a template with {% generation %} blocks or set "
+                "training.chat.train_on_input = true"
+            )
+        return end
+
+    def _past_end_of_turn(self, text: str, end: int) -> int:
+        # The end-of-turn token right after the answer is the model's to predict.
+        return end + next((len(t) for t in self.special_tokens if text.startswith(t, end)), 0)
+
+    def _tool_calls_end(self, messages: Sequence[Message], index: int, text: str, start: int, where: str) -> int:
+        """Where the tool calls of messages[index], an assistant turn starting at `start` of `text`, end. Templates
+        write them after the content (Qwen) or instead of it (Llama 3.1), before the end-of-turn token: they are
+        the model's output as much as an answer. So the content is found without the calls, and the calls must be
+        what changes from the turn's start to the content's end (anything else would leave them untrained, or
+        train text that is not the assistant's)."""
+        without, plain = self._render_without_calls(messages, index, text, where)
+        content_end = self._content_end(without, index, plain, start, where)
+        # Both renderings start alike up to the turn's start (the prefix); the rest of `plain` after the content
+        # must end `text` too, so that all that the calls change lies in between.
+        rest = plain[content_end:]
+        if not text.endswith(rest) or len(text) - len(rest) < start:
+            raise DataError(
+                f"chat template {self.origin} writes the tool_calls of {where} outside the assistant's turn, so "
+                "they cannot be found; use a template with {% generation %} blocks or set "
+                "training.chat.train_on_input = true"
+            )
+        return len(text) - len(rest)
+
+    def _check_calls_marked(
+        self, messages: Sequence[Message], text: str, spans: list[tuple[int, int]], where: str
+    ) -> None:
+        """A {% generation %} template marks what trains; tool calls it writes outside its blocks would train
+        nothing, without a word, so they are refused."""
+        for index, message in enumerate(messages):
+            if message["role"] != "assistant" or not message.get("tool_calls"):
+                continue
+            plain = self._render_without_calls(messages, index, text, where)[1]
+            # Inside a block: `text` outside it, before and after, is also the start and the end of `plain`.
+            inside = (
+                text[:start] == plain[:start] and plain.endswith(text[end:]) and len(text) - end <= len(plain) - start
+                for start, end in spans
+            )
+            if not any(inside):
+                raise DataError(
+                    f"chat template {self.origin} writes the tool_calls of {where} outside its {{% generation %}} "
+                    "blocks, so they would not be trained; put them inside, or set training.chat.train_on_input = true"
+                )
+
+    def _render_without_calls(
+        self, messages: Sequence[Message], index: int, text: str, where: str
+    ) -> tuple[list[Message], str]:
+        """`messages` without the tool_calls of messages[index], and their rendering, which must differ from `text`
+        (the rendering with them): a template that ignores the calls would drop them from the data."""
+        without = list(messages)
+        without[index] = {k: v for k, v in messages[index].items() if k != "tool_calls"}
+        plain = self.render(without, where)
+        if plain == text:
+            raise DataError(
+                f"chat template {self.origin} does not write the tool_calls of {where}, so they would not be "
+                "trained; use a template that writes them, or remove them from the data"
+            )
+        return without, plain
 
     def tokenize(
         self, messages: Sequence[Message], where: str, find_targets: bool = True
@@ -238,6 +312,7 @@ class JinjaChatTemplate(ChatTemplate):
         elif self.marks_generation:
             spans = []
             text = self.render(messages, where, spans=spans)
+            self._check_calls_marked(messages, text, spans, where)
         else:
             text = self.render(messages, where)
             spans = self._assistant_spans(messages, text, where)

@@ -293,20 +293,34 @@ def build_sample_source(
     return source
 
 
+def build_sample_sources(
+    training: Training, tokenizer: Tokenizer, *, seed: int
+) -> tuple[list[Source], list[float] | None, list[str] | None]:
+    """The sources of `training.dataset`, or of each entry of its `dataset_mixture` with their weights and names
+    (None for one source)."""
+    if training.dataset != "mixture":
+        return [build_sample_source(training, tokenizer, seed=seed)], None, None
+    entries = parse_mixture(training.dataset_mixture, MIXABLE_KINDS)
+    sources = [
+        build_sample_source(replace(training, dataset=entry.kind, dataset_path=entry.path), tokenizer, seed=seed,
+                            index=index)
+        for index, entry in enumerate(entries)
+    ]
+    return sources, [entry.weight for entry in entries], source_names(entries)
+
+
+def check_training_data(training: Training, tokenizer: Tokenizer, *, seed: int) -> None:
+    """The pre-flight's data check: the sources are built as the loader builds them, and dropped. Each refuses at
+    once what it can know without training (a missing path, a foreign or damaged manifest, an empty dataset, a chat
+    row that does not render, no conversation that trains within seq_len + 1), so that it is refused before the
+    run folder is touched, not after its config.toml, metrics and TensorBoard files are written."""
+    build_sample_sources(training, tokenizer, seed=seed)
+
+
 def build_dataloader(training: Training, tokenizer: Tokenizer, dp_rank: int, dp_size: int, *, seed: int) -> DataLoader:
     """The data loader of `training.dataset` (or of its `dataset_mixture`) for data-parallel rank `dp_rank` of
     `dp_size`. `seed` (debug.seed) drives the synthetic source and the order of pre-tokenized samples."""
-    if training.dataset == "mixture":
-        entries = parse_mixture(training.dataset_mixture, MIXABLE_KINDS)
-        sources = [
-            build_sample_source(
-                replace(training, dataset=entry.kind, dataset_path=entry.path), tokenizer, seed=seed, index=index
-            )
-            for index, entry in enumerate(entries)
-        ]
-        weights, names = [entry.weight for entry in entries], source_names(entries)
-    else:
-        sources, weights, names = [build_sample_source(training, tokenizer, seed=seed)], None, None
+    sources, weights, names = build_sample_sources(training, tokenizer, seed=seed)
     return DataLoader(
         sources,
         tokenizer,

@@ -30,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -194,12 +195,19 @@ def stalled_ranks(watch: StallWatch | None, report: Path) -> dict[str, str]:
 
 
 def keep_report(report: Path, run_dir: Path | None) -> Path:
-    """torchrun's log, copied into the run folder when there is one."""
-    if run_dir is None or not run_dir.is_dir():
+    """torchrun's log, copied into the run folder when the launch check named one: the launch folder that holds
+    the log is removed as the launcher exits, and the last line names the file for the user to read. A run that
+    failed before any worker made its folder (a rendezvous that never formed) gets the folder for this log."""
+    if run_dir is None:
         return report
-    kept = run_dir / f"torchrun-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.log"
-    shutil.copyfile(report, kept)
-    return kept
+    name = f"torchrun-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.log"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.copyfile(report, run_dir / name))
+    except OSError:  # the folder was writable at the launch check; if no longer, a file of its own outside it
+        handle, kept = tempfile.mkstemp(prefix="dtrain-", suffix=f"-{name}")
+        os.close(handle)
+        return Path(shutil.copyfile(report, kept))
 
 
 def summary(error_dir: Path, report: Path, run_dir: Path | None, workers: int, signalled: str | None,

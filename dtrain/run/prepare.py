@@ -15,7 +15,8 @@ from dtrain.checkpoint.config_checks import check_checkpoint_config
 from dtrain.config.converters import FLOAT8_NAMES, MX_NAMES
 from dtrain.config.fault_tolerance_checks import check_replica_launch
 from dtrain.config.schema import Checkpoint, JobConfig, Model, Parallelism
-from dtrain.data import build_tokenizer
+from dtrain.data import Tokenizer, build_tokenizer
+from dtrain.data.dataloader import check_training_data
 from dtrain.errors import ConfigError
 from dtrain.metrics.sinks import check_wandb_installed
 from dtrain.models import ModelFamily
@@ -28,6 +29,7 @@ from dtrain.reliability.run_folder_checks import check_run_folder
 from dtrain.run.hf_start import HFStart, hf_start
 from dtrain.run.layout import check_layout
 from dtrain.run.model_args import apply_overrides, base_args, shape_table, typed_overrides
+from dtrain.run.validation import build_source_for_validation, check_not_training_data, validation_data
 from dtrain.run.world import world_size_from_env
 
 
@@ -150,6 +152,16 @@ def check_converters_on_this_torch(converters: list[str], parallelism: Paralleli
         )
 
 
+def check_data(cfg: JobConfig, tokenizer: Tokenizer) -> None:
+    """Training's and validation's data, as far as their sources can tell without training: refused here, before
+    the run folder is touched (the loaders would find the same problems after the run folder is made and, at the
+    first batch, after its config.toml, metrics and TensorBoard files are written)."""
+    check_training_data(cfg.training, tokenizer, seed=cfg.debug.seed)
+    if cfg.validation.enable:
+        check_not_training_data(cfg.training, validation_data(cfg.validation, cfg.training))
+        build_source_for_validation(cfg.validation, cfg.training, cfg.debug.seed, tokenizer)
+
+
 def prepare(cfg: JobConfig) -> Prepared:
     """The run's family, tokenizer and model shape, after every check that needs no process group; reads the
     whole config: it assembles the run (and records the resolved shape in `cfg.model.args`)."""
@@ -171,4 +183,5 @@ def prepare(cfg: JobConfig) -> Prepared:
     check_wandb_installed(cfg.metrics.enable_wandb)
     check_replica_launch(cfg, torch.cuda.is_available())
     check_run_folder(cfg.job, cfg.checkpoint, cfg.metrics)
+    check_data(cfg, tokenizer)
     return Prepared(family, tokenizer, args)

@@ -63,6 +63,8 @@ def test_disabled_checkpointing_saves_nothing(run_dir):
         ({"create_seed_checkpoint": True}, 2, "runs in one process (got 2)"),
         ({"initial_load_path": "/no/such/checkpoint"}, 1, "/no/such/checkpoint does not exist"),
         ({"folder": "/abs"}, 1, "must be a relative folder"),
+        ({"initial_load_partial": True, "initial_load_model_only": False}, 1,
+         "initial_load_partial loads the weights of a DCP checkpoint only; set checkpoint.initial_load_model_only"),
     ],
 )
 def test_config_checks_name_the_key(tmp_path, settings, world_size, message):

@@ -1,4 +1,5 @@
-"""The start-up rule's other branches and every error it reports: one line, naming the path and the way out."""
+"""The start-up rule's other branches and every error it reports: one line, naming the path and the way out; an
+initial load that does not fit the model, or holds a NaN, is refused unless a partial load is asked for."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from checkpoint_helpers import FAMILY_ARGS, make_cfg, manager_for, tiny_state, train
+from checkpoint_helpers import FAMILY_ARGS, make_cfg, manager_for, tiny_model, tiny_state, train
+from peft_helpers import lora_settings
 from torch.distributed.checkpoint import FileSystemWriter
 
-from dtrain.checkpoint import dcp_io
+from dtrain.checkpoint import CheckpointManager, dcp_io
+from dtrain.checkpoint.dcp_io import model_state_dict
+from dtrain.checkpoint.hf_io import build_adapter, save_hf
 from dtrain.errors import DtrainError
 from dtrain.models.llama3 import Transformer
+from dtrain.precision.lora import apply_lora
 
 
 @pytest.fixture
@@ -257,3 +262,58 @@ def test_tied_and_untied_checkpoints_do_not_load_into_each_other(tmp_path, saved
         + ("copy its one shared weight into two" if saved_tied else "keep only one of its two weights")
         + f"; set model.tie_word_embeddings = {str(saved_tied).lower()}"
     )
+
+
+def restore_into(cfg, args, lora=None):
+    """Restore `cfg` into a model of `args` (with the adapters of `lora`), as the trainer would."""
+    model = Transformer(args)
+    if lora is not None:
+        apply_lora(model, lora)
+        cfg.lora = lora
+    state = tiny_state(cfg, model=model)
+    return CheckpointManager(
+        cfg.checkpoint, cfg.job.dump_folder, 0, 1, state, training=cfg.training, parallelism=cfg.parallelism,
+        model=cfg.model, optimizer=cfg.optimizer, model_args=args, lora=cfg.lora,
+    ).restore_at_startup(), state
+
+
+@pytest.mark.parametrize("lora", [None, lora_settings()])
+def test_an_initial_load_that_does_not_fit_is_refused_unless_partial(saved, tmp_path, caplog, lora):
+    source, trained = saved
+    step = cfg_folder(source) / "step-4"
+    cfg = make_cfg(tmp_path / "new", initial_load_path=str(step))
+    one_layer = replace(FAMILY_ARGS["llama3"], n_layers=1)
+    with pytest.raises(DtrainError) as err:
+        restore_into(cfg, one_layer, lora)
+    assert one_line(err) == (
+        f"checkpoint {step} holds layers.1.attention.wk.weight, layers.1.attention.wo.weight, "
+        "layers.1.attention.wq.weight (and 6 more), which this model does not take (another model.flavor or "
+        "model.args); set checkpoint.initial_load_partial = true to load only the weights both have"
+    )
+    cfg.checkpoint.initial_load_partial = True
+    with caplog.at_level(logging.WARNING, logger="dtrain"):
+        _, state = restore_into(cfg, one_layer, lora)
+    assert f"not loaded from {step}, which this model does not take: layers.1.attention.wk.weight, " in caplog.text
+    assert torch.equal(state.model_parts[0].layers["0"].attention.wq.weight,
+                       trained.model_parts[0].layers["0"].attention.wq.weight)
+    with caplog.at_level(logging.WARNING, logger="dtrain"):  # the reverse: what the checkpoint lacks keeps its init
+        restore_into(cfg, replace(FAMILY_ARGS["llama3"], n_layers=3), lora)
+    assert f"not in {step}, kept at their initialisation: layers.2.attention.wk.weight, " in caplog.text
+
+
+@pytest.mark.parametrize("source", ["dcp", "hf"])
+def test_a_non_finite_initial_load_is_refused_naming_file_and_tensor(tmp_path, source):
+    weights = model_state_dict([tiny_model()])
+    weights["layers.1.feed_forward.w2.weight"][0, 3] = float("nan")
+    folder = tmp_path / "source"
+    if source == "dcp":
+        dcp_io.save(weights, folder)
+        where = f"checkpoint {folder}: layers.1.feed_forward.w2.weight"
+    else:
+        save_hf(weights, folder, build_adapter("llama3", FAMILY_ARGS["llama3"]), torch.float32)
+        where = f"Hugging Face checkpoint {folder / 'model.safetensors'}: model.layers.1.mlp.down_proj.weight"
+    cfg = make_cfg(tmp_path / "new", initial_load_path=str(folder), initial_load_in_hf=source == "hf")
+    with pytest.raises(DtrainError) as err:
+        restore(cfg)
+    assert one_line(err) == (f"{where} holds NaN or Inf values; a checkpoint to start from must be finite (was it "
+                             "saved from a diverged run, or damaged?)")

@@ -172,8 +172,10 @@ def test_a_checkpoint_in_neither_spelling_names_the_missing_weight(tmp_path):
     with pytest.raises(DtrainError) as err:
         start_from(tmp_path / "partial", "llama3", tmp_path / "run")
     assert str(err.value) == (
-        f"checkpoint {tmp_path / 'partial'} does not hold weight layers.0.attention.wq.weight and 7 more of this "
-        "model (a different model.name/flavor, or not a model checkpoint)"
+        f"checkpoint {tmp_path / 'partial'} does not hold weight layers.0.attention.wk.weight, "
+        "layers.0.attention.wq.weight, layers.0.attention.wv.weight (and 5 more) of this model (a different "
+        "model.name/flavor/args, or not a model checkpoint); set checkpoint.initial_load_partial = true to load only "
+        "the weights both have"
     )
 
 

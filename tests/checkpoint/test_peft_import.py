@@ -1,6 +1,6 @@
 """A PEFT adapter folder as a run's starting adapters: dtrain -> PEFT -> dtrain is bit-exact, an adapter PEFT
-itself trained and saved gives PEFT's logits in dtrain, and an adapter the run could not continue is refused in
-one line naming what differs."""
+itself trained and saved gives PEFT's logits in dtrain (lm_head's saved whole weight included), and an adapter
+the run could not continue (or not finite) is refused in one line naming what differs."""
 
 from __future__ import annotations
 
@@ -39,25 +39,54 @@ def test_dtrain_to_peft_to_dtrain_is_bit_exact(tmp_path, family):
         assert torch.equal(value, lora_tensors(target)[fqn]), fqn
 
 
-def test_an_adapter_peft_saved_gives_peft_logits_in_dtrain(tmp_path):
+def saved_by_peft(tmp_path, model: torch.nn.Module, targets: list[str], alpha: int = 16):
+    """(PEFT's model, the folder it saved) of a rank-4 adapter PEFT made on `targets` of the transformers form of
+    dtrain's `model`'s base, with PEFT's default saving, after some training (lora_B nonzero)."""
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
-    lora = lora_settings(rank=4, alpha=16.0)
-    model = lora_model("llama3", lora)
     base_dir = save_base_hf(model, "llama3", tmp_path / "base")
     base = transformers.LlamaForCausalLM.from_pretrained(str(base_dir), attn_implementation="eager").eval()
-    config = peft.LoraConfig(r=4, lora_alpha=16, task_type="CAUSAL_LM", target_modules=[
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    theirs = peft.get_peft_model(base, config)
+    theirs = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=alpha, task_type="CAUSAL_LM",
+                                                       target_modules=targets))
     with torch.no_grad():
         for name, param in theirs.named_parameters():
-            if "lora_B" in name:  # PEFT starts B at zero: an adapter after some training has it nonzero
+            if "lora_B" in name or "lora_embedding_B" in name:  # PEFT starts B at zero
                 param.copy_(torch.randn_like(param) * 0.1)
     theirs.save_pretrained(str(tmp_path / "adapter"))
-    load_peft_adapter([model], tmp_path / "adapter", lora, HF_ADAPTER)
+    return theirs.eval(), tmp_path / "adapter"
+
+
+@pytest.mark.parametrize("theirs, ours", [
+    (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], ATTENTION_AND_MLP),
+    (["q_proj", "lm_head"], ["wq", "output"]),  # PEFT saves lm_head's whole weight beside its adapter
+])
+def test_an_adapter_peft_saved_gives_peft_logits_in_dtrain(tmp_path, theirs, ours):
+    lora = lora_settings(rank=4, alpha=16.0, target_modules=ours)
+    model = lora_model("llama3", lora)
+    peft_model, adapter = saved_by_peft(tmp_path, model, theirs)
+    load_peft_adapter([model], adapter, lora, HF_ADAPTER)
     tokens = torch.randint(0, FAMILY_ARGS["llama3"].vocab_size, (2, 24))
     with torch.no_grad():
-        assert (model(tokens) - theirs.eval()(input_ids=tokens).logits).abs().max() < 1e-5
+        assert (model(tokens) - peft_model(input_ids=tokens).logits).abs().max() < 1e-5
+
+
+def test_an_adapter_on_another_head_or_on_the_embedding_is_refused(tmp_path):
+    lora = lora_settings(rank=4, alpha=16.0, target_modules=["wq", "output"])
+    model = lora_model("llama3", lora)
+    _, adapter = saved_by_peft(tmp_path / "head", model, ["q_proj", "lm_head"])
+    with torch.no_grad():
+        model.output.weight.add_(1e-3)  # a base whose head another fine-tune changed
+    with pytest.raises(DtrainError) as err:
+        load_peft_adapter([model], adapter, lora, HF_ADAPTER)
+    assert str(err.value) == (
+        f"lora.initial_adapter_path {adapter}: adapter_model.safetensors holds base_model.model.lm_head.base_layer."
+        "weight, the base weight PEFT saves beside an adapter on lm_head, and it differs from this run's "
+        "output.weight: the adapter was trained on another base model than checkpoint.initial_load_path"
+    )
+    _, adapter = saved_by_peft(tmp_path / "embedding", model, ["q_proj", "embed_tokens"])
+    with pytest.raises(DtrainError, match=r"adapts model\.embed_tokens, which this run's lora.target_modules = "
+                                          r"\[wq, output\] do not adapt"):
+        load_peft_adapter([model], adapter, lora, HF_ADAPTER)
 
 
 @pytest.fixture
@@ -99,6 +128,21 @@ def test_an_adapter_of_another_base_model_is_refused(adapter_dir, tmp_path):
     with pytest.raises(DtrainError, match=r"q_proj.lora_A.weight has shape \[4, 64\], this model's "
                                           r"layers.0.attention.wq.lora_a.weight has \[4, 96\] \(the adapter's base"):
         load_peft_adapter([other], adapter_dir, lora, build_adapter("llama3", wider))
+
+
+def test_a_non_finite_adapter_is_refused_naming_file_and_tensor(adapter_dir):
+    from safetensors.torch import load_file, save_file
+
+    file = adapter_dir / "adapter_model.safetensors"
+    tensors = load_file(str(file))
+    name = "base_model.model.model.layers.1.mlp.up_proj.lora_B.weight"
+    tensors[name][2, 0] = float("inf")
+    save_file(tensors, str(file))
+    with pytest.raises(DtrainError) as err:
+        load_peft_adapter([lora_model("llama3", lora_settings())], adapter_dir, lora_settings(), HF_ADAPTER)
+    assert str(err.value) == (f"lora.initial_adapter_path {adapter_dir}: adapter_model.safetensors holds NaN or Inf "
+                              f"values in {name}; an adapter to start from must be finite (was it saved from a "
+                              "diverged run, or damaged?)")
 
 
 def test_what_dtrain_lora_does_not_express_is_refused(adapter_dir, tmp_path):

@@ -4,7 +4,9 @@ adapters from a PEFT folder (lora.initial_adapter_path)."""
 
 from __future__ import annotations
 
+import functools
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,12 +14,15 @@ from checkpoint_helpers import FAMILY_ARGS, TINY_ARGS, make_cfg, tiny_model, tin
 from peft_helpers import ATTENTION_AND_MLP, lora_model, save_base_hf
 
 from dtrain.checkpoint import CheckpointManager, dcp_io
+from dtrain.checkpoint.export_folder import export_mark
 from dtrain.checkpoint.folders import read_record
 from dtrain.checkpoint.hf_io import build_adapter
 from dtrain.checkpoint.peft_export import save_peft_adapter
 from dtrain.checkpoint.peft_names import is_lora
+from dtrain.data import build_tokenizer
 from dtrain.errors import DtrainError
 from dtrain.precision.lora import apply_lora, init_lora_weights
+from dtrain.run.prepare import model_args, model_family
 from dtrain.step.rng import seed_everything
 
 
@@ -37,6 +42,15 @@ def lora_cfg(run_dir, base_dir, **lora):
     return cfg
 
 
+@functools.cache
+def base_args(base_dir: str):
+    """The model args the trainer resolves from the base's config.json, which a run's checkpoints record: the tiny
+    model's, as config.json spells them (cached: a test may take the base away later)."""
+    cfg = lora_cfg(Path(base_dir), base_dir)
+    family, hf = model_family(cfg)
+    return model_args(cfg, family.model, build_tokenizer(cfg.model).vocab_size, hf)
+
+
 def start(cfg):
     """A LoRA run's state as the trainer builds it, restored by its CheckpointManager."""
     seed_everything(cfg.debug.seed, "init")
@@ -46,7 +60,7 @@ def start(cfg):
     state = tiny_state(cfg, model=model)
     manager = CheckpointManager(
         cfg.checkpoint, cfg.job.dump_folder, 0, 1, state, training=cfg.training, parallelism=cfg.parallelism,
-        model=cfg.model, optimizer=cfg.optimizer, model_args=FAMILY_ARGS["llama3"], lora=cfg.lora,
+        model=cfg.model, optimizer=cfg.optimizer, model_args=base_args(cfg.checkpoint.initial_load_path), lora=cfg.lora,
     )
     manager.restore_at_startup()
     return state, manager
@@ -88,7 +102,7 @@ def test_a_base_gone_or_changed_is_refused(tmp_path, base_dir):
 
     weights = load_file(str(base / "model.safetensors"))
     weights["model.norm.weight"] += 1  # another model of the same shapes: only its values differ
-    save_file(weights, str(base / "model.safetensors"), metadata={"format": "pt"})
+    save_file(weights, str(base / "model.safetensors"), metadata=export_mark("hf"))
     with pytest.raises(DtrainError, match=r"holds LoRA adapters only; their frozen base weights were read from .*base, "
                                           r"which differs now \(the contents of its files changed\)"):
         start(cfg)

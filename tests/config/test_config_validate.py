@@ -84,6 +84,11 @@ def test_valid_combinations(sections):
             "profiling.profiler_warmup + profiling.profiler_active (3 + 1) must be <= profiling.profile_freq (3)",
         ),
         ({"job": {"dump_folder": ""}}, "job.dump_folder must not be empty"),
+        ({"lora": {"enable": True, "alpha": 0.0}}, "lora.alpha must be > 0 (updates are scaled by alpha / rank"),
+        (
+            {"fault_tolerance": {"enable": True, "group_size": 2, "semi_sync_method": "diloco", "outer_momentum": 1.0}},
+            "fault_tolerance.outer_momentum must be in [0, 1); got 1",
+        ),
         # Fields set in Python are type- and choice-checked too.
         ({"training": {"steps": "10"}}, "training.steps expects an integer, got '10'"),
         ({"model": {"tokenizer": "sentencepiece"}}, "model.tokenizer must be one of auto, byte, hf, tiktoken"),

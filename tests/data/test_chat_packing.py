@@ -110,6 +110,23 @@ def test_every_conversation_too_long_is_refused(tmp_path):
         batches(training(tmp_path, rows), 1)
 
 
+@pytest.mark.parametrize("policy", ["drop", "truncate"])
+def test_data_that_trains_nothing_is_refused_by_the_pre_flight(tmp_path, policy):
+    """prepare (the pre-flight) refuses chat data of which no conversation trains within seq_len + 1 (too long to
+    keep, or cut before its answer), before the run folder exists: not at the first batch, after config.toml,
+    metrics.jsonl and tb/ are written."""
+    from dtrain.errors import DataError
+    from dtrain.run.prepare import prepare
+
+    cfg = JobConfig()
+    rows = [{"messages": [{"role": "user", "content": "x" * 120}, {"role": "assistant", "content": "y"}]}]
+    cfg.training = training(tmp_path, rows, overlong_policy=policy)
+    cfg.job.dump_folder = str(tmp_path / "run")
+    with pytest.raises(DataError, match=r"no conversation has a trained token within seq_len \+ 1 = 101 tokens"):
+        prepare(cfg)
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("background", [None, DataLoaderConfig()])
 def test_resume_continues_with_the_same_batches(tmp_path, background):
     """3 batches, a state, 4 more == 7 uninterrupted, across an epoch boundary; also with background loading."""

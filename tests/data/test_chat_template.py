@@ -4,6 +4,7 @@ tokens equal transformers' assistant mask, for Llama 3 and Qwen3 style tokenizer
 from __future__ import annotations
 
 import json
+import re
 import logging
 
 import numpy as np
@@ -146,3 +147,75 @@ def test_training_on_all_tokens_needs_no_turns(tmp_path):
         CONVERSATIONS[0], "row 3", find_targets=False
     )
     assert targets.all() and len(ids) > 5
+
+
+def call(name, **arguments):
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+TOOL_CALLS = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [call("get_weather", city="Paris")]},
+    {"role": "tool", "content": "sunny, 21 C"},
+    {"role": "assistant", "content": "Let me convert that.", "tool_calls": [call("to_f", c=21), call("log", x=1)]},
+    {"role": "tool", "content": "70"},
+    {"role": "assistant", "content": "It is sunny and 70 F."},
+]
+TRAINED_CALLS = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+    'Let me convert that.\n<tool_call>\n{"name": "to_f", "arguments": {"c": 21}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "log", "arguments": {"x": 1}}\n</tool_call><|im_end|>'
+)
+
+
+@pytest.mark.parametrize(
+    ("family", "last_answer"),
+    [("qwen2.5", "It is sunny and 70 F."), ("qwen3", "<think>\n\n</think>\n\nIt is sunny and 70 F.")],
+)
+def test_tool_calls_train_with_their_end_of_turn_token(tmp_path, family, last_answer):
+    """Qwen2.5's and Qwen3's own templates write a turn's tool calls after its content: the calls and the
+    <|im_end|> after them are trained, as transformers' assistant mask marks them in the template with the calls
+    in {% generation %} (which marks the newline that ends the turn's header too, and the answers not at all)."""
+    plain = write_chat_tokenizer(tmp_path / "plain", family, "tools")
+    marked = write_chat_tokenizer(tmp_path / "marked", family, "tools_generation")
+    tokenizer = HFTokenizer(str(plain / "tokenizer.json"))
+    ids, targets = build_chat_template(tokenizer).tokenize(TOOL_CALLS, "row 0")
+    assert ids.tolist() == transformers_tokenizer(plain).apply_chat_template(TOOL_CALLS, return_dict=False)
+    trained = tokenizer._tokenizer.decode(ids[targets].tolist(), skip_special_tokens=False)
+    assert trained == TRAINED_CALLS + last_answer + "<|im_end|>"
+    marked_ids, mask = transformers_ids_and_mask(marked, TOOL_CALLS)
+    mask = np.asarray(mask, dtype=bool)
+    assert marked_ids == ids.tolist() and mask.any()
+    assert set(tokenizer._tokenizer.decode(ids[mask & ~targets].tolist())) <= {"\n"}
+    ours_marked = build_chat_template(HFTokenizer(str(marked / "tokenizer.json"))).tokenize(TOOL_CALLS, "row 0")[1]
+    assert ours_marked.tolist() == mask.tolist()
+
+
+WRITES_NO_CALLS = "{% for m in messages %}{{ m.content }}<|eot_id|>{% endfor %}"
+CALLS_AT_THE_END = WRITES_NO_CALLS + "{% for m in messages %}{{ m.tool_calls | tojson if m.tool_calls }}{% endfor %}"
+CALLS_OUTSIDE_GENERATION = (
+    "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<|eot_id|>{% endgeneration %}"
+    "{{ m.tool_calls | tojson if m.tool_calls }}{% else %}{{ m.content }}<|eot_id|>{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        (WRITES_NO_CALLS, "does not write the tool_calls of row 5, so they would not be trained"),
+        (CALLS_AT_THE_END, "writes the tool_calls of row 5 outside the assistant's turn"),
+        (CALLS_OUTSIDE_GENERATION, "writes the tool_calls of row 5 outside its {% generation %} blocks"),
+        (None, "row 5 makes tool calls, which the plain chat template cannot write"),
+    ],
+)
+def test_tool_calls_a_template_leaves_untrained_are_refused(tmp_path, template, expected):
+    """Tool calls that would train nothing (not written, written outside the turn or outside the generation
+    blocks, or the plain template) are one line, not a silent gap."""
+    folder = write_chat_tokenizer(tmp_path / "llama3", "llama3", None)
+    if template is not None:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    chat_template = build_chat_template(HFTokenizer(str(folder / "tokenizer.json")))
+    with pytest.raises(DataError, match=re.escape(expected)) as caught:
+        chat_template.tokenize(TOOL_CALLS[:2], "row 5")
+    assert "\n" not in str(caught.value)
