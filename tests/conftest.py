@@ -1,5 +1,5 @@
-"""Session-wide test settings: one shared inductor cache, quiet torchao, the CUDA marker's skip, and the check that
-no test leaves a process behind."""
+"""Session-wide test settings: one shared inductor cache, quiet torchao, the CUDA marker's skip, the CI run of each
+test file (torch_runs.py), and the check that no test leaves a process behind."""
 
 import os
 import signal
@@ -42,11 +42,14 @@ def pytest_sessionstart(session):
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    from torch_runs import run_of
+
+    default_only = pytest.mark.torch_independent  # CI's second run (torch 2.11) leaves these out: torch_runs.py
+    skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "cuda" in item.keywords:
+        if run_of(item.path) == "default torch only":
+            item.add_marker(default_only)
+        if skip is not None and "cuda" in item.keywords:
             item.add_marker(skip)
 
 

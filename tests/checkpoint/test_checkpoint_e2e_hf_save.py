@@ -19,7 +19,9 @@ from dtrain.data import build_tokenizer
 from dtrain.parallelize import get_family
 from dtrain.run.prepare import model_args
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+# A CLI walkthrough: CI runs it under the default torch only; the HF save itself is test_checkpoint_last_save_hf.py's,
+# which runs under both (tests/torch_runs.py).
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.torch_independent]
 
 
 def test_two_rank_run_ends_with_a_hugging_face_folder_of_its_weights(tmp_path):

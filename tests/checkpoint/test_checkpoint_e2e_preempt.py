@@ -10,11 +10,11 @@ from e2e_checkpoint_helpers import CHECKPOINTED, logged_steps, read_metrics, run
 
 from dtrain.checkpoint import scan_checkpoints
 
-pytestmark = pytest.mark.slow
+# CLI walkthroughs of signals and start-up: CI runs them under the default torch only (tests/torch_runs.py).
+pytestmark = [pytest.mark.slow, pytest.mark.torch_independent]
 
 
 # The signal's handling is dtrain's own; resuming under torch 2.11 is tests/e2e/test_run_train_elastic.py's subject.
-@pytest.mark.torch_independent
 def test_sigterm_saves_exits_zero_and_the_rerun_continues(tmp_path):
     run_dir, reference = tmp_path / "run", tmp_path / "reference"
     # No periodic saves: whatever is on disk after the signal was saved because of it.

@@ -11,7 +11,9 @@ from e2e_checkpoint_helpers import CHECKPOINTED, read_metrics, resumed_step, run
 
 from dtrain.config.toml_io import tomllib
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+# The CLI walkthrough of resharding: CI runs it under the default torch only; what torch's version can change (DCP
+# resharding itself) is test_checkpoint_reshard.py's in-process worlds, which run under both (tests/torch_runs.py).
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.torch_independent]
 
 GLOBAL_BATCH = 4
 SAVED = 4

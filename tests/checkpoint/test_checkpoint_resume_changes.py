@@ -14,7 +14,8 @@ from e2e_checkpoint_helpers import CHECKPOINTED, read_metrics, run_train
 from run_train_helpers import FP32
 from test_checkpoint_e2e_lock import folder_snapshot
 
-pytestmark = pytest.mark.slow
+# dtrain's own checks of a resume through the CLI: CI runs them under the default torch only (tests/torch_runs.py).
+pytestmark = [pytest.mark.slow, pytest.mark.torch_independent]
 
 # step-2 holds the full state; step-3 (the last save) the weights only, so resumes name step 2.
 RUN = [*CHECKPOINTED, *FP32, "--training.steps", "3"]

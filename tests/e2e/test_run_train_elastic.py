@@ -26,10 +26,11 @@ def rank_of(pid: int) -> int:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("optimizer", ["AdamW", "AdamW8bit"])
-def test_a_killed_worker_is_restarted_and_the_run_matches_an_uninterrupted_one(tmp_path, optimizer):
+def test_a_killed_worker_is_restarted_and_the_run_matches_an_uninterrupted_one(tmp_path):
+    # torchao's 8-bit AdamW, whose states are DTensors of quantized tensors, is the harder case of the restart;
+    # plain AdamW's exact resume is proven in process (tests/checkpoint) and by the kill tests.
     steps = 16
-    args = [*FP32, "--optimizer.name", optimizer]
+    args = [*FP32, "--optimizer.name", "AdamW8bit"]
     reference = start_two_process_run(tmp_path / "reference", 2, *args, steps=steps)
     _, stderr = reference.communicate(timeout=240)
     assert reference.returncode == 0, stderr[-2000:]
