@@ -41,7 +41,13 @@ fi
 
 source "$repo_root/scripts/setup_env.sh"
 if [ -z "$nproc" ]; then
-    nproc="$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
+    # One process per GPU torch can use. Without a GPU device node (NVIDIA's, or ROCm's /dev/kfd) there is none:
+    # one process, without importing torch for a second only to learn that (every CPU run, and each test's).
+    if compgen -G "/dev/nvidia[0-9]*" >/dev/null || [ -e /dev/kfd ]; then
+        nproc="$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')"
+    else
+        nproc=1
+    fi
 fi
 
 if [ "$nproc" = "1" ] && [ "$nnodes" = "1" ]; then
