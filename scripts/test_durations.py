@@ -3,8 +3,9 @@
     ./scripts/test.sh --junitxml=/tmp/suite.xml          # any pytest run that writes a report
     python scripts/test_durations.py /tmp/suite.xml      # the table (--top N files; default 40)
 
-A test's time is its setup, call and teardown (a module fixture's training run counts in its first test). Kinds
-are read from the file's place in tests/: multi-process worlds and end-to-end CLI runs are where the time is.
+A test's time is its setup, call and teardown (a module fixture's training run counts in its first test). A file's
+kind comes from its folder or from what it calls (./run_train.sh, a gloo world, torch.compile): multi-process
+worlds and end-to-end CLI runs are where the time is.
 """
 
 from __future__ import annotations
@@ -12,20 +13,28 @@ from __future__ import annotations
 import argparse
 import xml.etree.ElementTree as ElementTree
 from collections import defaultdict
+from pathlib import Path
 
-# The kind of a test file, by the first rule that matches its path (checked in this order).
-KINDS = (
+REPO = Path(__file__).resolve().parents[1]
+# The kind of a test file: by its folder first, then by what its source calls (checked in this order).
+KINDS_BY_PATH = (
     ("docs pages", ("tests/docs/",)),
     ("reference suite", ("tests/reference/",)),
     ("fault tolerance groups", ("tests/fault_tolerance/",)),
+)
+KINDS_BY_CALL = (
+    ("end-to-end CLI runs", ("run_train(", "start_train(", "start_two_process_run(", "run_train.sh")),
     ("compile", ("compile",)),
-    ("end-to-end CLI runs", ("tests/e2e/", "_e2e_", "test_run_generate", "tests/reliability/test_soak")),
-    ("multi-process worlds", ("tests/parallelize/", "reshard", "test_peft_sharded", "test_pipeline")),
+    ("multi-process worlds", ("run_world(", "parity_tests(")),
 )
 
 
 def kind_of(path: str) -> str:
-    return next((kind for kind, marks in KINDS if any(mark in path for mark in marks)), "in-process")
+    for kind, marks in KINDS_BY_PATH:
+        if any(mark in path for mark in marks):
+            return kind
+    source = (REPO / path).read_text() if (REPO / path).is_file() else ""
+    return next((kind for kind, calls in KINDS_BY_CALL if any(call in source for call in calls)), "in-process")
 
 
 def file_times(report: str) -> dict[str, float]:
