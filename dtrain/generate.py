@@ -2,6 +2,7 @@
 
     ./run_generate.sh --checkpoint outputs/debug/checkpoint/step-10 --prompt "Once upon" --max_new_tokens 20
     ./run_generate.sh --checkpoint /models/Qwen3-0.6B --hf --prompt_ids 1,2,3 --max_new_tokens 8 --temperature 0.7
+    ./run_generate.sh --checkpoint outputs/chat_lora --chat --system "Be brief."   (turns from stdin, see --chat)
 
 A dtrain (DCP) checkpoint is read with its run's resolved config (`<run>/config.toml`, two folders above the
 checkpoint, or `--config`), so it rebuilds the model it was trained as; `--model.*` flags (e.g.
@@ -41,9 +42,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--checkpoint", type=Path, required=True, help="DCP checkpoint (or a run folder or its "
                         "checkpoint folder: the newest committed step), or with --hf a Hugging Face model folder")
     parser.add_argument("--hf", action="store_true", help="the checkpoint is a Hugging Face folder")
-    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", help="text, encoded by the tokenizer after its BOS token")
     prompt.add_argument("--prompt_ids", help="comma-separated token ids, used as given")
+    parser.add_argument("--chat", action="store_true", help="a conversation in the run's chat template: each stdin "
+                        "line a user turn, the answer streamed to stdout and kept in the conversation (EOF ends)")
+    parser.add_argument("--system", help="with --chat: the system prompt")
     parser.add_argument("--max_new_tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default); else finite, "
                         ">= 1.18e-38")
@@ -67,6 +71,7 @@ class Loaded:
     eos_ids: tuple[int, ...]
     vocab_size: int
     max_seq_len: int
+    config: Any  # the run's (or, with --hf, the flags') resolved config: its training.chat names the chat template
 
 
 def _config_argv(opts: argparse.Namespace, rest: list[str], checkpoint: Path) -> list[str]:
@@ -181,7 +186,7 @@ def load_model(opts: argparse.Namespace, rest: list[str], device: torch.device, 
     else:
         _load_dcp_weights(model, checkpoint)
     eos_ids = () if opts.ignore_eos else eos_ids
-    return Loaded(model.eval(), family.name, tokenizer, eos_ids, args.vocab_size, args.max_seq_len)
+    return Loaded(model.eval(), family.name, tokenizer, eos_ids, args.vocab_size, args.max_seq_len, cfg)
 
 
 def _load_dcp_weights(model: nn.Module, path: Path) -> None:
@@ -239,9 +244,11 @@ def _device_and_dtype(opts: argparse.Namespace) -> tuple[torch.device, torch.dty
 
 
 def run(argv: list[str]) -> int:
+    from dtrain.generate_chat import chat, check_prompt_options
     from dtrain.models.decoding import Sampling, generate
 
     opts, rest = parse_args(argv)
+    check_prompt_options(opts)
     try:
         sampling = Sampling(opts.temperature, opts.top_k, opts.top_p)
     except ValueError as err:
@@ -250,6 +257,8 @@ def run(argv: list[str]) -> int:
         raise ConfigError(f"--max_new_tokens must be >= 1, got {opts.max_new_tokens}")
     device, dtype = _device_and_dtype(opts)
     loaded = load_model(opts, rest, device, dtype)
+    if opts.chat:
+        return chat(opts, loaded, sampling, device)
     ids = prompt_ids(opts, loaded)
     if len(ids) + opts.max_new_tokens - 1 > loaded.max_seq_len:
         raise ConfigError(
@@ -273,7 +282,9 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, run=run) -> int:
+    """`run(argv)` (this tool's, or another tool's built on it: dtrain/eval/cli.py) with a DtrainError as one
+    `error:` line and its exit code (DTRAIN_TRACEBACK=1: the traceback instead)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         return run(argv)

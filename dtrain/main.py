@@ -40,14 +40,27 @@ def run(argv: list[str]) -> int:
         print(to_toml(replace(cfg, job=replace(cfg.job, print_config=False))), end="")
         return ANSWERED if launcher_check else 0
     from dtrain.metrics import setup_logging
-    from dtrain.run.prepare import prepare
+    from dtrain.metrics.liveness import liveness
 
     # Before prepare: its warnings (a tokenizer's renumbered ids, ...) carry the rank tag like every later line.
     # LOG_RANK names a local rank, as run_train.sh's torchrun output filter does: one logging rank per node.
     logger = setup_logging(int(os.environ.get("LOCAL_RANK", "0")))
     if launcher_check:  # its warnings would be said again by the ranks; its errors end the launch in one line
         logger.setLevel(logging.ERROR)
+    with liveness():  # a line at least every 30 s, whatever the run is doing
+        return prepare_and_train(cfg, launcher_check)
+
+
+def prepare_and_train(cfg, launcher_check: bool) -> int:
+    """The pre-flight, then (unless this is run_train.sh's launch check) the training run."""
+    from dtrain.metrics.liveness import doing
+    from dtrain.run.prepare import prepare
+
+    doing("checking the config, the tokenizer and the data")
     prepared = prepare(cfg)
+    from dtrain.eval.training import check_eval_tasks  # [eval]'s tasks and data, refused before training starts
+
+    eval_tasks = check_eval_tasks(cfg)
     if launcher_check:
         # run_train.sh keeps torchrun's report in the run folder if the run fails.
         if os.environ.get(RUN_DIR_FILE_ENV):
@@ -55,7 +68,17 @@ def run(argv: list[str]) -> int:
         return 0
     from dtrain.run.train import train
 
-    train(cfg, prepared)
+    build_loss = None
+    if cfg.training.dataset == "preference":  # the run package sits below dtrain.preference: it is handed in
+        from dtrain.preference import build_preference_loss as build_loss
+    add_hooks = None
+    if eval_tasks is not None:  # the run package sits below dtrain.eval too: its hooks are handed in
+        from functools import partial
+
+        from dtrain.eval.training import add_eval_hooks
+
+        add_hooks = partial(add_eval_hooks, cfg, eval_tasks, prepared.tokenizer, prepared.model_args.max_seq_len)
+    train(cfg, prepared, build_loss, add_hooks)
     record_outcome(False, "finished")
     return 0
 
@@ -74,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         logging.shutdown()
         print(f"error: {err}", file=sys.stderr)
+        if "torchft" in sys.modules:
+            # torchft's native threads (its servers, the gloo pairs of a reconfigured group) can abort the
+            # interpreter's teardown ("terminate called without an active exception"): the run is over and said,
+            # so leave without it.
+            sys.stderr.flush()
+            os._exit(err.exit_code)
         return err.exit_code
     except Exception as err:  # a bug: its traceback stays, and the launcher still names it in its last line
         record_failure(f"{type(err).__name__}: {err}")

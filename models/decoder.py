@@ -3,22 +3,13 @@
 Every family here is a decoder-only language model: ``embedding -> blocks -> final norm -> head``. Shared code
 (parallelize/, the memory pre-flight, the estimator) reads the names of those parts, and of each block's attention
 and its inner-attention seam, from the model class's ``decoder_layout`` and never spells a module name itself (the
-tensor-parallel plans alone name paths inside a block: the shared decoder's in parallelize/decoder_plan.py, or a
-family's own); it reads the args only through ``DecoderArgs``. A family with other names or another block shape
-declares its layout and satisfies ``DecoderArgs`` from its own fields, and needs no change in shared code
-(docs/models.md, "Adding a family").
+tensor-parallel plans alone name paths inside a block); it reads the args only through ``DecoderArgs``. A family
+with other names or another block shape declares its layout and satisfies ``DecoderArgs`` from its own fields.
 
-What a family's model class promises besides the names:
-- ``blocks`` is an ``nn.ModuleDict`` keyed ``"0" .. "N-1"`` in forward order, so a block keeps its name (and its
-  parameters' names) when others are deleted;
-- the embedding, the final norm and the head may be set to ``None`` and the forward then passes through what is
-  left: a pipeline stage is the model with the parts other stages own removed;
-- a head that shares its weight with the embedding (tied) shares the very parameter object (``weight``);
-- each block's attention takes ``(x, rope_cache, positions, document_ids=None)`` and calls its inner attention
-  (``dtrain.models.attention``'s signature), which a plan may swap (context parallel);
-- ``args`` is the model's ``DecoderArgs``;
-- ``init_buffers(device)`` computes the buffers that come from the args and no checkpoint (the RoPE table), so a
-  model built on the meta device and then loaded from a checkpoint needs no random initialisation.
+What a model class promises besides the names (``blocks`` an ``nn.ModuleDict`` keyed ``"0" .. "N-1"``; embedding,
+final norm and head settable to ``None``; a tied head sharing the very ``weight``; the attention signature
+``(x, rope_cache, positions, document_ids=None)``; ``args``; ``init_buffers(device)``): docs/models.md, "What a
+family is"; adding one: docs/models.md, "Adding a family".
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ Hugging Face's ``generate`` applies them in, so that the same settings mean the 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -76,13 +77,15 @@ def generate(
     eos_ids: tuple[int, ...] = (),
     generator: torch.Generator | None = None,
     vocab_size: int | None = None,
+    on_token: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """The new tokens ``[batch, n <= max_new_tokens]`` that follow ``prompt [batch, P]``.
 
     The model is called as ``model(tokens, positions)`` and must return logits ``[batch, seq, vocab]``. Generation
     stops early once every row has produced one of ``eos_ids`` (the EOS is kept; a finished row repeats it, as
     Hugging Face does when no pad token is set). With ``vocab_size`` (the tokenizer's), ids at or above it are never
-    chosen: the embedding's padding rows past the tokenizer's vocabulary decode to nothing.
+    chosen: the embedding's padding rows past the tokenizer's vocabulary decode to nothing. ``on_token`` gets each
+    step's ``[batch]`` tokens as they are chosen (a chat streams them).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -101,6 +104,8 @@ def generate(
                 token = torch.where(finished, eos[0], token)
                 finished |= torch.isin(token, eos)
             new_tokens.append(token)
+            if on_token is not None:
+                on_token(token)
             # One host sync per token for the early stop; generation is latency-bound on it anyway.
             if i + 1 == max_new_tokens or (eos_ids and bool(finished.all())):
                 break

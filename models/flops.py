@@ -1,18 +1,12 @@
 """Training FLOPs per token of a pre-norm decoder (models/transformer.py), the numerator of MFU.
 
-Convention (the PaLM/torchtitan one, with causal attention counted once):
-- every weight matrix used in a matmul costs 2 FLOPs per token per parameter forward and 4 backward, so 6 x the
-  matmul parameters: the blocks' attention and feed-forward projections and the output head (also when it is
-  tied to the embedding, since it is still a matmul). The embedding lookup, norms (QK-norm too) and RoPE are not
-  matmuls and are left out. A mixture-of-experts feed-forward counts only what a token passes through (its
-  router gate, its top-k experts and any shared experts: ``models.moe.moe_params_per_token``), not every expert;
-- attention scores (q k^T) and the weighted sum of values (p v) each cost 2 * n_heads * head_dim * seq_len FLOPs
-  per token forward over the full square, so 12 * n_layers * n_heads * head_dim * seq_len for forward and
-  backward. A causal mask leaves half of that square to compute, so we count 6 * n_layers * n_heads * head_dim *
-  seq_len (for Llama 3, n_heads * head_dim = dim).
-Recomputation for activation checkpointing is not counted: MFU measures useful work. torchtitan counts the whole
-attention square instead (twice the attention term here); ``masked_attention_flops_per_token`` is the difference,
-so that MFU figures can be put next to torchtitan's published ones.
+The PaLM/torchtitan convention, with causal attention counted once: 6 x the matmul parameters a token passes
+through (attention and feed-forward projections, the output head even when tied; an MoE layer counts its router,
+top-k experts and shared experts: ``models.moe.moe_params_per_token``) plus ``6 * n_layers * n_heads * head_dim
+* seq_len`` for the attention scores and values (half the full square, since the mask leaves half). Embedding,
+norms and RoPE are not matmuls; recomputation for activation checkpointing is not counted (MFU measures useful
+work). ``masked_attention_flops_per_token`` is the half torchtitan also counts, so MFU figures can be put next to
+its published ones (docs/training.md, "Metrics", "FLOPs per token").
 
 Args are any family's ``DecoderArgs`` (models/decoder.py) whose blocks are the shared decoder's (every block
 dense, or every block ``moe``, as models/transformer.py builds them).

@@ -2,31 +2,15 @@
 optional shared experts, group-limited routing, an auxiliary load-balancing loss and DeepSeek-V3's loss-free
 balancing bias.
 
-A block holds it at ``layers.N.moe`` with torchtitan's names (checkpoints move between the projects):
-``router.gate`` (``nn.Linear(dim, num_experts)``), ``experts.{w1,w2,w3}`` (``[E, hidden, dim]``, ``[E, dim, hidden]``,
-``[E, hidden, dim]``), ``shared_experts.{w1,w2,w3}`` (a dense ``FeedForward``, or None), the persistent buffer
-``expert_bias`` (only with ``load_balance_bias``) and the non-persistent ``tokens_per_expert``.
-
-Routing reproduces Hugging Face's Qwen3-MoE (softmax, optional renormalisation of the top-k) and DeepSeek-V3
-(sigmoid, a selection-only bias, group-limited top-k, renormalisation, routed scaling) exactly.
-
-Expert parallelism is applied from outside (``dtrain.parallelize``) by hooks on the ``experts`` submodule, which
-this file keeps possible:
-- every token reaches the experts through exactly one call ``self.experts(routed_input, num_tokens_per_expert)``,
-  with rows grouped by expert in expert order; a hook may replace both arguments and the output;
-- ``GroupedExperts`` takes its number of experts from its weights and the counts it is given, never from the args,
-  because under expert parallelism it holds only this rank's experts.
-
-The auxiliary loss's statistics span the whole data-parallel microbatch (the tokens that one forward routes on
-all data- and context-parallel ranks together), as Megatron's global auxiliary loss and Qwen's global-batch
-balancing take them: the layer hands its per-expert counts to ``reduce_expert_counts``, which parallelize sets to a
-sum over those ranks (on one process it returns the counts as they are), so every layout computes the loss of
-one process that runs the same microbatches.
-
-The forward does no host synchronisation and has no data-dependent Python control flow, so ``torch.compile``
-captures it whole, except in the per-expert loop that the experts fall back to where ``torch._grouped_mm`` does
-not run (see ``_grouped_mm_runs``; float32 under compile on the CPU is such a case): that loop reads the counts on
-the host and graph-breaks under compile.
+Routing reproduces Hugging Face's Qwen3-MoE (softmax) and DeepSeek-V3 (sigmoid, selection-only bias, group-limited
+top-k, routed scaling) exactly; names are torchtitan's (docs/models.md, "Mixture of experts" and "Parameter
+names"). Expert parallel is applied from outside by hooks on the ``experts`` submodule, so every token reaches
+the experts through one call ``self.experts(routed_input, num_tokens_per_expert)`` (rows grouped by expert), and
+``GroupedExperts`` takes its expert count from its weights, never the args. The auxiliary loss's statistics span
+the whole data-parallel microbatch through ``reduce_expert_counts``, which parallelize sets to a sum over those
+ranks (docs/parallelism.md, "Expert parallel"). The forward has no host sync and no data-dependent control flow,
+so ``torch.compile`` captures it whole, except the per-expert fallback loop used where ``torch._grouped_mm`` does
+not run (``_grouped_mm_runs``), which reads the counts on the host.
 """
 
 from __future__ import annotations

@@ -6,31 +6,12 @@ replaces every block's feed-forward by a routed mixture of experts (``models/moe
 are ``TransformerArgs``: the shared ``DecoderArgs`` (``moe`` None: dense), ``norm_eps``, ``rope_theta``, and the
 ``rope_scaling`` that ``rope_table`` reads. Norms, the feed-forward and the init rules are models/layers.py's.
 
-Parameter names (FQNs) are torchtitan's, so checkpoints move between the two projects: ``tok_embeddings``,
-``layers.N.attention.{wq,wk,wv,wo}`` (with QK-norm also ``q_norm``, ``k_norm``), ``layers.N.feed_forward.{w1,w2,w3}``
-(with experts instead ``layers.N.moe.router.gate``, ``layers.N.moe.experts.{w1,w2,w3}``, and
-``layers.N.moe.shared_experts.{w1,w2,w3}`` where there are shared experts), ``layers.N.attention_norm``,
-``layers.N.ffn_norm``, ``norm``, ``output``.
-
-Parallelism is applied from outside (``dtrain.parallelize``), which relies on a few properties kept here:
-- attention derives its number of heads from the projected tensors, never from the args, because under tensor
-  parallelism each rank holds only a slice of the heads;
-- it keeps the decoder protocol (``dtrain.models.decoder``): ``layers`` is an ``nn.ModuleDict`` keyed "0".."N-1"
-  and ``tok_embeddings``/``norm``/``output`` may be set to None, so a pipeline stage is this same model with the
-  parts it does not own removed;
-- every block can initialise itself (``init_weights``), so a stage initialises only what it holds.
-
-Initialisation (``init_weights``) is torchtitan 0.2.2's, distribution for distribution (not bit for bit), from
-torch's default generator (the caller seeds it):
-- ``tok_embeddings``: a normal of std 1, untruncated;
-- each block's ``wq``/``wk``/``wv``/``w1`` (the experts' ``w1`` too): a normal of std 0.02 truncated at +-2 (an
-  absolute bound, torch's default: at std 0.02 no draw reaches it);
-- each block's ``wo``/``w2``/``w3`` (the experts', the shared experts' and the router's gate too): the same with
-  std ``0.02 / sqrt(2 * (layer_id + 1))`` (deeper layers start smaller, which keeps the residual stream's variance
-  from growing with depth);
-- ``output``: std ``dim ** -0.5`` truncated at 3 std; a head tied to the embedding is this one weight, initialised
-  as the head (torchtitan's Qwen3 draws the embedding, then overwrites the shared weight with the head's init);
-- RMSNorm weights (QK-norm too): ones.
+Parameter names are torchtitan's, so checkpoints move between the two projects (docs/models.md, "Parameter
+names"); initialisation is torchtitan 0.2.2's, distribution for distribution (docs/models.md, "Initialisation").
+Parallelism is applied from outside (``dtrain.parallelize``): attention derives its number of heads from the
+projected tensors (a TP rank holds a slice of them), the model keeps the decoder protocol
+(``dtrain.models.decoder``: a pipeline stage is this model with parts removed), and every block initialises
+itself, so a stage initialises only what it holds (docs/models.md, "What a family is").
 """
 
 from __future__ import annotations

@@ -1,19 +1,17 @@
 """Sharding plans and mesh construction, installed as dtrain.parallelize; the only place that knows DTensor placements.
 
-Typical use (the trainer's order):
+Typical use (the trainer's order; docs/parallelism.md, "How they compose"):
 
-    spec = get_family(cfg.model.name)                                       # model family + its plan, by name
-    dims = ParallelDims(world_size, dp_replicate, dp_shard, tp, ...)        # validates, before any process group
-    spec.check_shapes(dims, args, seq_len)                                   # TP divides heads, FFN, vocab, ...
-    accumulation = dims.gradient_accumulation_steps(local_batch_size, global_batch_size)
+    spec = get_family(cfg.model.name)                                 # model family + its plan, by name
+    dims = ParallelDims(world_size, dp_replicate, dp_shard, tp, ...)  # validates, before any process group
+    spec.check_shapes(dims, args, seq_len)                            # TP divides heads, FFN, vocab, ...
     options = ParallelizeOptions(...); options.validate(dims)
-    mesh = build_mesh(dims, device_type)                                    # after init_process_group
+    mesh = build_mesh(dims, device_type)                              # after init_process_group
     with torch.device("meta"): model = Transformer(args)
-    reference = copy.deepcopy(model)                                        # meta: free
-    spec.parallelize(model, mesh, dims, options)
-    model.to_empty(device=device)
-    init_weights_like_single_device(model, reference, seed)                 # or init_weights_sharded on CUDA
-    loss_fn = local_loss(cross_entropy_sum)                                  # plain loss under loss parallel
+    reference = copy.deepcopy(model)                                  # meta: free
+    spec.parallelize(model, mesh, dims, options); model.to_empty(device=device)
+    init_weights_like_single_device(model, reference, seed)           # or init_weights_sharded on CUDA
+    loss_fn = local_loss(cross_entropy_sum)                           # plain loss under loss parallel
     with loss_parallel_context(dims): forward, loss, backward
 """
 

@@ -22,9 +22,12 @@ Everything but attention is per token, so only three things change, all applied 
     then attends chunk by chunk with the CPU flash kernel (blockwise_attention.py): no mask, exact causal work.
     torch's ring cannot serve here: the CPU SDPA op has no context-parallel rule (../shared/notes/cpu-facts.md,
     probe 5).
-  - ``masked`` (document masking on any device, or a device torch's ring does not serve): the same all-gather,
-    then SDPA with a mask built from positions (and document ids): exact for any mask, at ``seq²/cp`` mask
-    bytes per layer kept for backward.
+  - ``masked`` (document masking off CUDA or with ``attention_mask_backend = "dense"``, or a device torch's ring
+    does not serve): the same all-gather, then SDPA with a mask built from positions (and document ids): exact
+    for any mask, at ``seq²/cp`` mask bytes per layer kept for backward.
+  - ``flex`` (document masking through FlexAttention, ``ParallelizeOptions.flex_attention``: CUDA): the same
+    all-gather, then a block mask over this rank's query positions and the gathered key positions and documents
+    (models/flex_attention.py): the same mask, with no ``seq²/cp`` tensor kept.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from dtrain.models.attention import repeat_kv
 from dtrain.models.decoder import decoder_layout
+from dtrain.models.flex_attention import document_block_mask, flex_document_attention
 from dtrain.parallelize.blockwise_attention import BlockCausalAttention
 from dtrain.parallelize.ring_attention import RingAttention
 from dtrain.parallelize.torch_compat import all_gather_autograd
@@ -83,22 +87,24 @@ def shard_sequence(
     return {key: value.index_select(1, index) for key, value in batch.items()}
 
 
-def cp_attention_path(device_type: str, attention_mask: str) -> str:
-    """The attention a cp rank runs (see the module doc): ``ring``, ``blockwise`` or ``masked``."""
+def cp_attention_path(device_type: str, attention_mask: str, flex: bool = False) -> str:
+    """The attention a cp rank runs (see the module doc): ``ring``, ``blockwise``, ``masked`` or ``flex`` (document
+    masking through FlexAttention)."""
     if attention_mask != "causal":
-        return "masked"
+        return "flex" if flex else "masked"
     return {"cuda": "ring", "cpu": "blockwise"}.get(device_type, "masked")
 
 
 class AllGatherKVAttention(nn.Module):
-    """Grouped-query attention of this rank's queries over the whole sequence's keys and values, gathered over cp:
-    chunk by chunk with the CPU kernel when `blockwise` (causal mask only), else with a mask."""
+    """Grouped-query attention of this rank's queries over the whole sequence's keys and values, gathered over cp,
+    on `path`: chunk by chunk with the CPU kernel (``blockwise``, causal mask only), with a dense mask
+    (``masked``) or, for documents, a FlexAttention block mask (``flex``)."""
 
-    def __init__(self, cp_mesh: DeviceMesh, load_balancer: str, blockwise: bool):
+    def __init__(self, cp_mesh: DeviceMesh, load_balancer: str, path: str):
         super().__init__()
         self.cp_mesh = cp_mesh
         self.load_balancer = load_balancer
-        self.blockwise = blockwise
+        self.path = path
 
     def forward(
         self,
@@ -111,16 +117,20 @@ class AllGatherKVAttention(nn.Module):
         cp = self.cp_mesh.size()
         k = all_gather_autograd(k.contiguous(), gather_dim=1, group=self.cp_mesh)
         v = all_gather_autograd(v.contiguous(), gather_dim=1, group=self.cp_mesh)
-        if self.blockwise:
+        if self.path == "blockwise":
             blocks = chunk_blocks(self.cp_mesh.get_local_rank(), cp, self.load_balancer)
             k, v = in_position_order(k, cp, self.load_balancer), in_position_order(v, cp, self.load_balancer)
             out = BlockCausalAttention.apply(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), blocks)
             return out.transpose(1, 2)
         key_positions = gathered_positions(q.shape[1], cp, self.load_balancer, q.device)
+        if document_ids is None:
+            return masked_attention(q, k, v, positions[:, None] >= key_positions[None, :])
+        key_documents = funcol.all_gather_tensor(document_ids.contiguous(), gather_dim=1, group=self.cp_mesh)
+        if self.path == "flex":
+            block_mask = document_block_mask(positions, key_positions, document_ids, key_documents)
+            return flex_document_attention(q, k, v, block_mask)
         allowed = positions[:, None] >= key_positions[None, :]
-        if document_ids is not None:
-            key_documents = funcol.all_gather_tensor(document_ids.contiguous(), gather_dim=1, group=self.cp_mesh)
-            allowed = allowed & (document_ids[:, :, None] == key_documents[:, None, :])
+        allowed = allowed & (document_ids[:, :, None] == key_documents[:, None, :])
         return masked_attention(q, k, v, allowed)
 
 
@@ -139,7 +149,7 @@ def cp_attention(cp_mesh: DeviceMesh, load_balancer: str, rotate_method: str, pa
     """The inner attention of one block under context parallel, on `path` (``cp_attention_path``)."""
     if path == "ring":
         return RingAttention(cp_mesh, load_balancer, rotate_method)
-    return AllGatherKVAttention(cp_mesh, load_balancer, blockwise=path == "blockwise")
+    return AllGatherKVAttention(cp_mesh, load_balancer, path)
 
 
 def apply_cp(model: nn.Module, cp_mesh: DeviceMesh, load_balancer: str, rotate_method: str, path: str) -> None:

@@ -5,7 +5,8 @@ Order (torchtitan's, and each step depends on the previous ones):
 1. tensor (+ sequence, + loss) parallel: the family's plan (``decoder_tp_plan`` for the shared decoder; torchao's
    float8 styles for float8 linears, float8_tp.py; LoRA's for LoRA linears, lora_parallel.py); parameters become
    DTensors on the ``tp`` mesh; then context parallel and expert parallel (expert_parallel.py), which change what
-   attention and the MoE layers exchange;
+   attention and the MoE layers exchange (without context parallel, document masking through FlexAttention swaps
+   the inner attention here instead: models/flex_attention.py);
 2. activation checkpointing of blocks (wraps each block, so it must see the TP'd block);
 3. ``torch.compile`` per block (compiles the TP'd, checkpointed block as one graph), or of the whole model part
    (``compile.granularity = model_whole``);
@@ -23,6 +24,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
 from dtrain.models.decoder import DecoderArgs, decoder_layout
+from dtrain.models.flex_attention import use_flex_document_attention
 from dtrain.models.transformer import Transformer
 from dtrain.parallelize.activation_checkpoint import apply_ac, set_memory_budget
 from dtrain.parallelize.compile import apply_compile, start_compile_trace
@@ -148,6 +150,9 @@ def parallelize_decoder(
     if dims.cp_enabled:
         # Before AC and compile, so that both see the attention that gathers keys and values over cp.
         apply_cp(model, mesh["cp"], options.cp_load_balancer, options.cp_rotate_method, options.cp_attention_path)
+    elif options.flex_attention:
+        # Before AC and compile too: the checkpointed, compiled blocks then build and use the block masks.
+        use_flex_document_attention(model)
     if dims.ep_enabled:
         # Before AC and compile too: recomputation and compiled blocks then include the token exchange.
         apply_ep(model, mesh["ep"])

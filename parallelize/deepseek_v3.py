@@ -1,23 +1,13 @@
 """Parallelizing the DeepSeek-V3 family: a tensor-parallel plan for multi-head latent attention (MLA) and the dense
 feed-forward, applied in the shared order (parallelize/decoder_plan.py, ``parallelize_decoder``).
 
-MLA under TP (torchtitan's layout, with plain tensors inside the model): the per-head projections are split by
-heads, the per-token ones are kept whole on every rank.
-
-- ``wq`` (or ``wq_b``) and ``wkv_b`` project to every head's features: column-parallel, whole heads per rank;
-  ``wo`` reads them: row-parallel. One reduction per attention, as in Llama.
-- ``wq_a``/``q_norm`` and ``wkv_a``/``kv_norm`` produce the query latent, the kv latent and the rotated key, one
-  per token: replicated (``ReplicateParallel``: whole weights, as DTensors on the tp mesh). Every rank computes them
-  from the whole (gathered) input. The latents reach the heads through a column-parallel projection, which sums
-  their gradient over the ranks; the rotated key is used by this rank's heads directly, so its gradient would
-  cover only those: ``ReduceGradient`` on the model's ``shared_rope_key`` seam sums it over the ranks in backward.
-  Every gradient that reaches the replicated weights is then whole and equal on all ranks.
-- The dense blocks' feed-forward is the shared decoder's (w1/w3 column-, w2 row-parallel). The MoE blocks' ``moe``
-  is left out of this plan: expert and tensor parallel for it are shared with every MoE family and applied
-  generically.
-
-Blocks lack some of the plan's modules (a MoE block has no ``feed_forward``, a low-rank query no ``wq``); the
-shared ``resolve_plan`` keeps only the paths the model has.
+MLA under TP (torchtitan's layout, with plain tensors inside the model): the per-head projections (``wq`` or
+``wq_b``, ``wkv_b``) are column-parallel and ``wo`` row-parallel; the per-token ones (``wq_a``/``q_norm``,
+``wkv_a``/``kv_norm``) are replicated, with ``ReduceGradient`` on the ``shared_rope_key`` seam summing the rotated
+key's gradient over the ranks. The dense feed-forward is the shared decoder's; the MoE blocks' ``moe`` is left to
+the generic expert and tensor parallel of every MoE family. Blocks lack some of the plan's modules; the shared
+``resolve_plan`` keeps only the paths the model has. Why each placement: docs/models.md, "DeepSeek-V3 under
+tensor parallel".
 """
 
 from __future__ import annotations

@@ -3,23 +3,13 @@
 The model stays single-device (models/moe.py): its MoE layer routes tokens, sorts them by expert and calls
 ``experts(routed_input, num_tokens_per_expert)``. ``ExpertParallel`` (a torch ``ParallelStyle``, applied to that
 ``experts`` module from outside, as torchtitan does) shards the stacked expert weights by expert (``Shard(0)``)
-and wraps the call:
+and wraps the call: dispatch (one small all-to-all of counts, then an uneven ``all_to_all_single`` of the rows,
+reordered by local expert), the local experts, and the reverse combine. Both exchanges are autograd-aware; the
+split sizes are read on the host once per layer and forward, inherent to uneven all-to-alls. The result equals
+one process's. Expert weights are FSDP-sharded over ``efsdp`` and scale their gradient by 1/ep, so it is the mean
+over all dp_shard × cp ranks (FSDP's own divide factor would need a PREMUL_SUM reduce-scatter, which gloo lacks).
 
-- dispatch: the ranks exchange how many of their tokens go to each expert (one small all-to-all), then the tokens
-  themselves (``all_to_all_single`` with uneven splits: every rank sends each other rank the rows routed to its
-  experts); the rows arrive grouped by source rank, and are reordered to be grouped by local expert;
-- the local experts run on their rows, with the local weights;
-- combine: the reverse reorder and all-to-all bring every row back to the rank and position it came from.
-
-Both all-to-alls are autograd-aware (their backward is the opposite exchange). The split sizes must be known on
-the host to size the buffers, so dispatch reads the token counts on the host once per MoE layer and forward:
-inherent to uneven all-to-alls (torchtitan's does the same). Rows keep their token order within each expert, and
-the expert math is per row, so the result equals one process's.
-
-Expert weights are then FSDP-sharded over ``efsdp`` (the dp_shard × cp ranks left once ep took its share). Their
-gradients already sum the tokens of all ep ranks, and FSDP averages them over the efsdp ranks only, so the local
-weights scale their gradient by 1/ep: the result is the mean over all dp_shard × cp ranks, as for every other
-gradient. (FSDP's own gradient divide factor would do it with a PREMUL_SUM reduce-scatter, which gloo lacks.)
+The mesh, gradients and what composes: docs/parallelism.md, "Expert parallel".
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """LoRA adapters under parallelism: tensor-parallel styles that place them with their base linear, and the copy of
 whole (single-process) tensors into any layout's parameters.
 
-A LoRA linear (dtrain/precision/lora.py) is an ``nn.Linear`` with two child linears ``lora_a`` (in -> rank) and
-``lora_b`` (rank -> out); parallelize knows it by that shape alone (``is_lora_linear``), as it may not import the
-trainer. torch's Colwise/RowwiseParallel cannot take it: their partition of an ``nn.Linear`` shards every parameter
-below it alike. The adapters instead follow their base's placement, so that the base and the update produce the same
-layout and add without a collective of their own:
-
-- column-parallel base (``weight`` Shard(0): this rank's output features): ``lora_a`` Replicate (the whole rank-r
-  projection of the replicated input), ``lora_b`` Shard(0) (this rank's output features); the sum is Shard(-1);
-- row-parallel base (``weight`` Shard(1): this rank's input features): ``lora_a`` Shard(1) (a partial rank-r
-  projection of the sharded input), ``lora_b`` Replicate; base and update are both Partial sums, added, then
-  reduced once by the style's output redistribution (all-reduce, or reduce-scatter under sequence parallel).
-
-``ReplicateParallel`` (a module kept whole on every TP rank) replicates the adapters with the rest. Any other style
-on a LoRA linear is refused in one line.
+A LoRA linear (dtrain/precision/lora.py) is known here by its shape alone (``is_lora_linear``: an ``nn.Linear``
+with child linears ``lora_a`` and ``lora_b``), as parallelize may not import the trainer. torch's
+Colwise/RowwiseParallel would shard every parameter below it alike; instead the adapters follow their base's
+placement, so base and update produce the same layout and add without a collective of their own: a
+column-parallel base gets a replicated ``lora_a`` and a ``Shard(0)`` ``lora_b``; a row-parallel one a
+``Shard(1)`` ``lora_a`` and a replicated ``lora_b``, the two partial sums reduced once by the style's output
+redistribution. ``ReplicateParallel`` replicates the adapters with the rest; any other style on a LoRA linear is
+refused in one line. See docs/fine-tuning.md, "LoRA" ("Layouts").
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """The device mesh: one named dimension per parallelism, plus the flattened views the trainer needs.
 
-Dimensions, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``. All are always present, size 1
-included, so code can ask for ``mesh["tp"]`` without checking whether TP is on; a size-1 dimension costs one
-trivial process group. Pipeline stages talk point to point and least often, so ``pp`` is outermost (across
-nodes); TP, the chattiest, is innermost (within a node), with context parallel's key/value all-gathers next to it.
-Flattened views, kept by ``ParallelMesh`` itself (torch deprecates looking a flattened dimension up on the root
-mesh):
-- ``dp`` = dp_replicate × dp_shard: the ranks that see different data (batch splitting);
-- ``dp_cp`` = dp × cp: the ranks that hold different tokens of the global batch (loss and token-count sums);
-- ``dp_shard_cp`` = dp_shard × cp: what FSDP shards parameters over (as torchtitan does). CP ranks compute
-  gradients on different tokens of the same sequences, so they reduce gradients like data-parallel ranks, and
-  sharding over them too costs nothing extra.
-FSDP shards over ``dp_shard_cp`` (HSDP: the 2-D ``(dp_replicate, dp_shard_cp)``).
-With expert parallel, ``dp_shard_cp`` is also seen as ``experts`` = ``(efsdp, ep)``: the experts are split over
-``ep`` and each expert's weights FSDP-sharded over ``efsdp`` (expert_parallel.py); under HSDP ``dp_cp`` is seen as
-``(dp_replicate, efsdp, ep)`` and the expert weights are HSDP-sharded over ``experts_fsdp`` = ``(dp_replicate,
-efsdp)``.
+Dimensions, outermost first: ``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``, all always present (size 1
+included), so code can ask for ``mesh["tp"]`` without checking whether TP is on. ``ParallelMesh`` keeps the
+flattened views itself (torch deprecates looking a flattened dimension up on the root mesh): ``dp`` (batch
+splitting), ``dp_cp`` (loss and token-count sums), ``dp_shard_cp`` (what FSDP shards over; HSDP: the 2-D
+``(dp_replicate, dp_shard_cp)``). With expert parallel, ``dp_shard_cp`` is also seen as ``experts`` =
+``(efsdp, ep)`` (under HSDP ``dp_cp`` as ``(dp_replicate, efsdp, ep)``, expert weights HSDP-sharded over
+``experts_fsdp``).
+
+Why this order and what each view is for: docs/parallelism.md, "How they compose" and "Expert parallel".
 """
 
 from __future__ import annotations

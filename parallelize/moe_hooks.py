@@ -1,25 +1,16 @@
 """The step hooks of families with MoE layers (``FamilySpec.extra_loss``, ``extra_loss_terms``,
 ``after_optimizer_step``, ``step_metrics``) and the reduction that makes their statistics global.
 
-- ``moe_aux_loss``: the sum of the MoE layers' auxiliary load-balancing losses of the last forward (each layer
-  computes its own, models/moe.py), or None when no layer has one; ``moe_aux_loss_terms`` counts those layers, and
-  the step adds their mean to the objective (Hugging Face pools the layers into one term, so a mean keeps its
-  ``router_aux_loss_coef`` meaning the same). Under pipeline parallel each stage adds the sum of its layers'
-  terms over the number of MoE layers of all stages (parallelize/pipeline_extra_loss.py).
-- ``after_moe_step``: after each optimizer step, every layer's token counts of the step (per expert, from this
-  rank's tokens) are summed over the ranks that hold different tokens (``dp_cp``; the ranks of a pipeline stage
-  share its layers), in one all-reduce for all layers. They give each layer's load imbalance (the busiest expert's
-  tokens over the mean) and, with loss-free balancing (DeepSeek-V3's), move the layer's routing bias, alike on
-  every rank, as one process would. Then the counts start again from zero.
-- ``moe_step_metrics``: that imbalance per layer and its maximum, for metrics.jsonl and TensorBoard (the step
-  reports the auxiliary loss itself, as ``aux_loss``). Routing has no capacity limit, so no token is ever dropped.
+- ``moe_aux_loss`` / ``moe_aux_loss_terms``: the sum of the layers' auxiliary losses of the last forward, and how
+  many layers have one; the step adds their mean (Hugging Face's ``router_aux_loss_coef`` meaning), and under
+  pipeline parallel each stage its own share (pipeline_extra_loss.py).
+- ``after_moe_step``: sums every layer's token counts over ``dp_cp`` in one all-reduce after each optimizer step,
+  giving each layer's load imbalance and moving the loss-free routing bias alike on every rank.
+- ``moe_step_metrics``: that imbalance per layer and its maximum, for metrics.jsonl and TensorBoard.
+- ``reduce_expert_loads_over``: sets each layer's ``reduce_expert_counts`` to a sum over ``dp_cp``, so the
+  auxiliary loss sees the whole data-parallel microbatch (TP ranks route the same tokens and are not in it).
 
-``reduce_expert_loads_over`` attaches the ``dp_cp`` group to each MoE layer (the hooks have only the model parts,
-and the model itself knows nothing of process groups) and sets the layer's ``reduce_expert_counts`` to a sum over
-it: the auxiliary loss then takes f_i from the counts of the whole data-parallel microbatch, one all-reduce per
-layer and forward, only while that loss is on. Tensor-parallel ranks route the same tokens
-(moe_tensor_parallel.py) and are not in ``dp_cp``, so no token is counted twice; expert-parallel ranks are
-data-parallel ranks, so they are in it.
+Why these groups and what is logged: docs/parallelism.md, "Expert parallel" ("Load balancing", "Metrics").
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """Tensor parallel for MoE layers (models/moe.py), with the routed experts whole on every TP rank (no expert tensor
 parallel), as torchtitan lays them out when ``expert_tensor_parallel_degree`` is 1.
 
-- The shared experts are a dense SwiGLU and split like the dense feed-forward: w1/w3 by output features, w2 by
-  input features, whose partial sums are all-reduced.
-- The router and the routed experts are not split: every TP rank routes the same tokens and runs the experts on
-  them. Under sequence parallel the layer gathers the sequence at its entry and hands back this rank's part of its
-  output (a local slice, whose backward all-gathers the gradient), as the dense feed-forward does around its
-  matmuls. Every TP rank then computes the same routing, token counts, auxiliary loss and gradients as one
-  process does for the same batch.
-- Their weights become Replicate DTensors on the tp mesh (every parameter of a TP model lives there: the
-  optimizer's foreach step cannot mix DTensors with plain tensors, and FSDP shards the block as one unit) but are
-  computed through their local tensors: sorting, grouped GEMMs and all-to-alls run on plain tensors, which DTensor
-  does not cover. A gradient computed from the same tokens on every rank is whole and equal everywhere, which is
-  what a Replicate gradient is.
-- With expert parallel the routed experts belong to the ``ep`` mesh instead (expert_parallel.py): ep is made of
-  data-parallel ranks, so each TP rank exchanges tokens within its own ep group.
+The shared experts split like the dense feed-forward (w1/w3 by output features, w2 by input features). The
+router and the routed experts are not split: every TP rank routes the same tokens (under sequence parallel the
+layer gathers the sequence at its entry and hands back this rank's slice) and computes what one process does.
+Their weights become Replicate DTensors on the tp mesh (the optimizer's foreach step cannot mix DTensors with
+plain tensors, and FSDP shards the block as one unit) but are computed through their local tensors, since
+sorting, grouped GEMMs and all-to-alls are not DTensor ops; a gradient computed from the same tokens on every
+rank is whole and equal everywhere, which is what a Replicate gradient is. With expert parallel the routed
+experts belong to the ``ep`` mesh instead (expert_parallel.py). See docs/parallelism.md, "Expert parallel".
 """
 
 from __future__ import annotations

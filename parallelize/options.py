@@ -40,11 +40,22 @@ class ParallelizeOptions:
     cp_load_balancer: str = "headtail"  # [parallelism.context_parallel_load_balancer]
     cp_rotate_method: str = "allgather"  # [parallelism.context_parallel_rotate_method]
     attention_mask: str = "causal"  # [training.attention_mask]
+    attention_mask_backend: str = "auto"  # [training.attention_mask_backend]
+
+    @property
+    def flex_attention(self) -> bool:
+        """Whether documents are masked through FlexAttention block masks (models/flex_attention.py): under
+        block_causal, when asked for, or by default on CUDA (the dense mask stays the path elsewhere)."""
+        if self.attention_mask != "block_causal":
+            return False
+        return self.attention_mask_backend == "flex" or (
+            self.attention_mask_backend == "auto" and self.device_type == "cuda"
+        )
 
     @property
     def cp_attention_path(self) -> str:
         """The attention a context-parallel rank runs here (context_parallel.py)."""
-        return cp_attention_path(self.device_type, self.attention_mask)
+        return cp_attention_path(self.device_type, self.attention_mask, self.flex_attention)
 
     def validate(self, dims: ParallelDims) -> None:
         """Raise ParallelismError (one line, naming the key) for any invalid value or combination."""
@@ -54,6 +65,11 @@ class ParallelizeOptions:
             raise ParallelismError(
                 f"parallelism.fsdp_reshard_after_forward={self.reshard_after_forward!r} is invalid "
                 f"(valid: {', '.join(RESHARD_MODES)})"
+            )
+        if self.attention_mask_backend == "flex" and self.device_type != "cuda":
+            raise ParallelismError(
+                f"training.attention_mask_backend='flex' needs CUDA (FlexAttention has no {self.device_type} "
+                "backward); valid here: auto, dense"
             )
         parse_selective_option(self.ac_mode, self.selective_ac_option)
         check_memory_budget(self.ac_mode, self.memory_budget, self.compile_model, self.compile_backend)

@@ -3,17 +3,10 @@
 Ideal timing: per microbatch, a rank's forward takes 1 unit and its backward 2 (input gradients 1, weight
 gradients 1), split evenly over its ``v`` stages; communication is free. With ``p`` pipeline ranks and ``m``
 microbatches a rank works ``3m`` units per step; if the step takes ``T``, the bubble is ``1 - 3m / T``:
-
-- GPipe, 1F1B: ``T = 3(m + p - 1)``, i.e. the classic ``(p-1) / (m + p - 1)`` (idle/work = ``(p-1)/m``);
-- Interleaved1F1B, LoopedBFS: the fill and drain shrink ``v``-fold, ``T = max(3m + 3(p-1)/v, 3p)``, i.e.
-  ``(p-1) / (v m + p - 1)`` once ``m`` covers the pipeline (one microbatch still needs the whole chain ``3p``);
-- InterleavedZeroBubble, ZBVZeroBubble, DualPipeV (v = 2 for the V schedules): deferred weight-gradient passes
-  fill the drain, leaving the fill of the forward, ``T = max(3m + (p-1)/v, 2p + 1/v)``, i.e.
-  ``(p-1) / (3 v m + p - 1)`` for enough microbatches; the second term is one microbatch's chain (forward and
-  input-gradient passes through every rank, then one weight-gradient pass).
-
-Real timings differ (the head is heavier than a block, sends cost time, DualPipeV also overlaps a forward with
-a backward on hardware that can), but the numbers rank the schedules and show how the bubble shrinks with m.
+GPipe and 1F1B ``T = 3(m + p - 1)``; Interleaved1F1B and LoopedBFS ``T = max(3m + 3(p-1)/v, 3p)``; the
+zero-bubble and V schedules (v = 2 for V) ``T = max(3m + (p-1)/v, 2p + 1/v)``, the second term being one
+microbatch's chain. The closed forms, what they mean for choosing a schedule, and why real timings differ:
+docs/parallelism.md, "Schedules".
 """
 
 from __future__ import annotations

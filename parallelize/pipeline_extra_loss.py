@@ -1,20 +1,13 @@
 """A family's extra loss term (the MoE auxiliary loss) under pipeline parallel: each stage adds its own terms to
 its own backward.
 
-One process adds ``weight * term`` to the objective after the forward, and the term's gradient reaches every
-parameter it depends on: the layer's router and, through the activations entering the layer, every earlier
-layer. A pipeline has no one objective: the schedule runs each stage's backward from the gradient the next stage
-sends back (or from the loss, on the last stage). So a stage's output carries its terms (``AddToBackward``: the
-identity forward, whose backward passes the output's gradient on unchanged and gives the term the gradient 1, the
-weight being folded into the term). When the schedule runs that stage's backward, the term's gradient joins the
-cross-entropy's on the stage's parameters and on the input gradient it sends to the previous stage, which carries
-it on: by the chain rule, exactly the gradient of one process. (Sending the terms forward to the last stage's
-loss would give the same gradient, but needs a second output on every stage and its send.) torch 2.11's
-split-backward schedules cannot run a custom autograd Function in a stage (torch_compat.py), so
-``FamilySpec.check_hooks`` refuses them there while an extra loss is on.
-
-The values of the terms are kept for the log: the step reports their mean over the microbatches, summed over
-the stages (``Pipeline.step``).
+A pipeline has no one objective, so a stage's output carries its terms (``AddToBackward``: the identity forward,
+whose backward passes the output's gradient on and gives the term the gradient 1, the weight folded into the
+term); the stage's backward then adds the term's gradient to its parameters' and to the input gradient it sends
+back: by the chain rule, exactly one process's gradient (docs/parallelism.md, "Loss, gradients and clipping").
+torch 2.11's split-backward schedules cannot run a custom autograd Function in a stage (torch_compat.py), so
+``FamilySpec.check_hooks`` refuses them there while an extra loss is on. The terms' values are kept for the log:
+their mean over the microbatches, summed over the stages (``Pipeline.step``).
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """Running a batch through the pipeline: stages, the torch.distributed.pipelining schedule, loss and clipping.
 
-The trainer's loss math is kept exactly (dtrain/step/train_step.py): every microbatch's loss is the *summed* token
-cross-entropy, backward runs on ``sum × dp_size / global_valid_tokens``, and the reported loss is the sum over
-the whole global batch divided by the global token count. So the schedule gets a loss function that multiplies
-the summed loss by that gradient scale and is told not to rescale gradients itself (``scale_grads=False``); a
-pipeline then reproduces the single-process gradients whatever the number of microbatches.
+The trainer's loss math is kept exactly (dtrain/step/train_step.py): the schedule gets a loss function that
+multiplies each microbatch's summed cross-entropy by the step's gradient scale and is told not to rescale
+gradients itself (``scale_grads=False``), so a pipeline reproduces the single-process gradients whatever the
+number of microbatches. For the zero-bubble and V schedules ``build_pipeline`` keeps every FSDP unit's
+parameters gathered between forward and backward (torch 2.13 otherwise gives silently wrong gradients).
+A family's extra loss term enters each stage's own backward (pipeline_extra_loss.py). Validation runs a second
+schedule of the same kind over the same stage modules (``Pipeline.evaluate``), since switching one schedule
+between ``step`` and ``eval`` re-runs its set-up and a validation batch may have other shapes.
 
-Zero-bubble and V schedules (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) run the weight-gradient pass
-after the input-gradient pass, possibly after other microbatches' forwards. With FSDP2 resharding parameters
-after forward this silently gives wrong gradients (torch 2.13: some are missing, others off by ~1e-3), so
-``build_pipeline`` keeps the parameters of every FSDP unit gathered between forward and backward for those
-schedules, whatever the stages were wrapped with.
-
-A family's extra loss term (the MoE auxiliary loss) enters each stage's own backward (pipeline_extra_loss.py).
-
-Validation runs forward only through ``Schedule.eval`` of a second schedule of the same kind over the same stage
-modules (``Pipeline.evaluate``): the training schedule's stages keep the shapes and backward set-up of training
-(torch 2.13 re-runs that set-up at every switch between ``step`` and ``eval`` of one schedule), and a validation
-batch may have another size and sequence length than a training microbatch.
+See docs/parallelism.md, "Loss, gradients and clipping" and "Findings: zero-bubble schedules with FSDP2, and PP
+with DDP".
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ Prints Markdown tables for docs/benchmarks.md.
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import copy
 import platform

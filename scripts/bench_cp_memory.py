@@ -24,6 +24,8 @@ informative only on a CPU.
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import json
 import os

@@ -15,6 +15,8 @@ the one-off tokenization into token shards is timed too.
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import os
 import platform
@@ -28,10 +30,11 @@ from bench_dataloader import train_bpe  # scripts/ is on sys.path when this scri
 
 from dtrain.config.schema import LRScheduler, Optimizer
 from dtrain.data import ByteTokenizer, DataLoader, Tokenizer
+from dtrain.data.corpus_input import open_input
 from dtrain.data.samples import TokenSamples
 from dtrain.data.sources import BuiltinSource
 from dtrain.data.token_shards import TokenShards
-from dtrain.data.tokenize_corpus import open_input, tokenize_corpus
+from dtrain.data.tokenize_corpus import tokenize_corpus
 from dtrain.parallelize import get_family
 from dtrain.step.executor import LocalExecutor
 from dtrain.step.lr_schedule import build_lr_scheduler

@@ -12,6 +12,8 @@ stdlib's .py files), tokenized with a byte-level BPE trained here on part of it 
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import os
 import platform

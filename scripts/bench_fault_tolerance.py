@@ -14,11 +14,19 @@ Step times are when each step's line reached metrics.jsonl (polled every 10 ms);
 5 steps after the rejoin and after the restart. Prints a Markdown table for
 docs/benchmarks.md (--json: the figures as JSON).
 
+--goodput_seconds T measures goodput instead: each way runs for T seconds while one process is killed every
+--failure_every seconds (fault tolerance: group 1, started again at once; whole job: worker rank 1, with
+MAX_RESTARTS large enough for every kill), and reports the job's steps and tokens per hour against the rate of its
+own steps before the first kill (the failure-free rate).
+
     python scripts/bench_fault_tolerance.py                    # kill after step 25, checkpoints every 10
     python scripts/bench_fault_tolerance.py --kill_step 8 --checkpoint_interval 5 --json
+    python scripts/bench_fault_tolerance.py --goodput_seconds 240 --failure_every 30
 """
 
 from __future__ import annotations
+
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
 
 import argparse
 import json
@@ -180,9 +188,7 @@ def whole_job_restart(shape: list[str], kill_step: int, folder: Path) -> dict:
     job = Launch(shape, folder / "job", NPROC="2", MAX_RESTARTS="1")
     try:
         wait_until(lambda: job.last_step() >= kill_step, [job], "kill step")
-        workers = [pid for pid in descendants(job.process.pid) if rank_of(pid) == 1]
-        victim = next(pid for pid in workers if rank_of(int(Path(f"/proc/{pid}/stat").read_text().split()[3])) != 1)
-        os.kill(victim, signal.SIGKILL)
+        kill_rank_1(job)
         killed_at = time.monotonic()
         wait_until(lambda: len(steps_since_restart(job)) >= STEPS_AFTER, [job], "steps after the restart")
     finally:
@@ -198,6 +204,87 @@ def whole_job_restart(shape: list[str], kill_step: int, folder: Path) -> dict:
         "steps_redone": steps[restart - 1] - (steps[restart] - 1),
         "resumed_from_step": steps[restart] - 1,
     }
+
+
+def kill_rank_1(job: Launch) -> bool:
+    """kill -9 the worker of rank 1 (not torchrun's agent, whose environment names the rank too); False while
+    torchrun is restarting the workers and there is none."""
+    workers = [pid for pid in descendants(job.process.pid) if rank_of(pid) == 1]
+    victim = next((pid for pid in workers if rank_of(int(Path(f"/proc/{pid}/stat").read_text().split()[3])) != 1),
+                  None)
+    if victim is not None:
+        os.kill(victim, signal.SIGKILL)
+    return victim is not None
+
+
+def goodput(launches: list[Launch], seconds: float, every: float, fail) -> dict:
+    """Run `launches` for `seconds` from the first step of launches[0], calling `fail()` (True: a process was lost)
+    every `every` seconds;
+    the job's progress is launches[0]'s highest step and its tokens then."""
+    job = launches[0]
+    wait_until(lambda: job.last_step() >= 1, launches, "the first step")
+    start = time.monotonic()
+    failures = 0
+    while time.monotonic() - start < seconds:
+        if time.monotonic() - start >= every * (failures + 1) and fail():
+            failures += 1
+        for launch in launches:
+            launch.poll()
+        time.sleep(0.1)
+    free = [(t, r) for t, r in job.steps if start <= t < start + every]  # the steps before the first kill
+    (t0, first), (t1, last) = free[0], free[-1]
+    best = max((r for _, r in job.steps), key=lambda r: r["step"])
+    hours = seconds / 3600
+    begin = max((r for t, r in job.steps if t <= start), key=lambda r: r["step"])
+    return {
+        "failures": failures,
+        "steps_per_hour": (best["step"] - begin["step"]) / hours,
+        "tokens_per_hour": (best["tokens_seen"] - begin["tokens_seen"]) / hours,
+        "failure_free_steps_per_hour": (last["step"] - first["step"]) / (t1 - t0) * 3600,
+        "failure_free_tokens_per_hour": (last["tokens_seen"] - first["tokens_seen"]) / (t1 - t0) * 3600,
+    }
+
+
+def goodput_both_ways(shape: list[str], folder: Path, seconds: float, every: float) -> dict:
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000,
+                                  heartbeat_timeout_ms=1000)
+    ft = ["--fault_tolerance.enable", "--fault_tolerance.group_size", "2"]
+    env = {"TORCHFT_LIGHTHOUSE": lighthouse.address()}
+    launches: list[Launch] = []
+
+    def lose_group_1() -> bool:
+        launches[-1].kill()
+        launches.append(Launch([*shape, *ft, "--fault_tolerance.replica_id", "1"], folder / "ft" / "replica_1",
+                               **env))
+        return True
+
+    try:
+        launches += [Launch([*shape, *ft, "--fault_tolerance.replica_id", str(g)], folder / "ft" / f"replica_{g}",
+                            **env) for g in (0, 1)]
+        results = {"fault_tolerance": goodput(launches, seconds, every, lose_group_1)}
+    finally:
+        for launch in launches:
+            if launch.process.poll() is None:
+                launch.kill()
+        lighthouse.shutdown()
+    job = Launch(shape, folder / "whole_job", NPROC="2", MAX_RESTARTS=str(int(seconds / every) + 1))
+    try:
+        results["whole_job_restart"] = goodput([job], seconds, every, lambda: kill_rank_1(job))
+    finally:
+        if job.process.poll() is None:
+            job.kill()
+    return results
+
+
+def goodput_table(results: dict, every: float) -> str:
+    lines = [f"| one process lost every {every:.0f} s | failures | steps/hour | tokens/hour | of its failure-free "
+             "steps/hour | of its failure-free tokens/hour |", "|---|---|---|---|---|---|"]
+    for name, r in (("fault tolerance (2 groups x 1 process)", results["fault_tolerance"]),
+                    ("whole-job restart (1 job x 2 processes, MAX_RESTARTS)", results["whole_job_restart"])):
+        lines.append(f"| {name} | {r['failures']} | {r['steps_per_hour']:,.0f} | {r['tokens_per_hour']:,.0f} | "
+                     f"{r['steps_per_hour'] / r['failure_free_steps_per_hour']:.0%} | "
+                     f"{r['tokens_per_hour'] / r['failure_free_tokens_per_hour']:.0%} |")
+    return "\n".join(lines)
 
 
 def table(ft: dict, job: dict) -> str:
@@ -229,16 +316,25 @@ def main() -> None:
     parser.add_argument("--seq_len", type=int, default=64)
     parser.add_argument("--local_batch_size", type=int, default=4, help="per group (fault tolerance) or per rank")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
+    parser.add_argument("--goodput_seconds", type=float, default=0,
+                        help="measure goodput for this long each way instead (0: the single failure)")
+    parser.add_argument("--failure_every", type=float, default=30, help="goodput: seconds between two kills")
     args = parser.parse_args()
     if not 3 < args.kill_step < args.steps:
         parser.error(f"--kill_step must be in (3, --steps = {args.steps}): steps before it give the median step")
     if args.kill_step % args.checkpoint_interval == 0 or args.checkpoint_interval > args.kill_step:
         parser.error("--kill_step must fall after a checkpoint and not on one (a multiple of --checkpoint_interval "
                      "below it, not equal)")
-    shape = ["--training.steps", str(args.steps), "--training.dataset", "synthetic", "--model.tokenizer", "byte",
+    steps = 10**6 if args.goodput_seconds else args.steps  # goodput runs are stopped after their time
+    shape = ["--training.steps", str(steps), "--training.dataset", "synthetic", "--model.tokenizer", "byte",
              "--training.seq_len", str(args.seq_len), "--training.local_batch_size", str(args.local_batch_size),
              "--training.mixed_precision_param", "float32", "--metrics.log_freq", "1", "--checkpoint.enable",
              "--checkpoint.interval", str(args.checkpoint_interval)]
+    if args.goodput_seconds:
+        with tempfile.TemporaryDirectory(prefix="bench_ft_") as folder:
+            results = goodput_both_ways(shape, Path(folder), args.goodput_seconds, args.failure_every)
+        print(json.dumps(results, indent=2) if args.json else goodput_table(results, args.failure_every))
+        return
     with tempfile.TemporaryDirectory(prefix="bench_ft_") as folder:
         ft = fault_tolerance(shape, args.kill_step, Path(folder) / "ft")
         job = whole_job_restart(shape, args.kill_step, Path(folder) / "whole_job")

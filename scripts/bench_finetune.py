@@ -19,6 +19,8 @@ parameter bytes but leaves QLoRA's.
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import json
 import resource

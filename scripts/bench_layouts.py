@@ -12,6 +12,8 @@ and the peak memory; `--output FILE` also writes the table there:
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import json
 import os
@@ -35,6 +37,11 @@ VARIANTS = {
         1, ["--compile.enable", "--model.converters", "float8", "--quantize.linear.float8.recipe_name", "rowwise"]
     ),
     "compile_mxfp8": (1, ["--compile.enable", "--model.converters", "mx"]),  # Blackwell-class GPUs only
+    # Packed documents (document masking): the dense [seq, seq] mask against FlexAttention's block masks (CUDA).
+    "packed_dense": (1, ["--compile.enable", "--training.attention_mask", "block_causal",
+                         "--training.attention_mask_backend", "dense"]),
+    "packed_flex": (1, ["--compile.enable", "--training.attention_mask", "block_causal",
+                        "--training.attention_mask_backend", "flex"]),
 }
 
 

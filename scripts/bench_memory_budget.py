@@ -14,6 +14,8 @@ storage: under a memory budget that is what the compiled blocks chose to keep, p
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import json
 import os

@@ -13,6 +13,8 @@ DeepSeek-like), where the loop's per-expert overhead weighs most.
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import copy
 import statistics

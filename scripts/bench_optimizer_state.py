@@ -14,6 +14,8 @@ per parameter shape), so its time is mostly compilation; a second step is timed 
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import tempfile
 import time
@@ -21,8 +23,8 @@ import time
 import torch
 
 from dtrain.config import load_config
+from dtrain.config.low_bit_optim import low_bit_format
 from dtrain.parallelize import local_shard
-from dtrain.precision.low_bit_optim import low_bit_format
 from dtrain.run.layout import build_layout
 from dtrain.run.memory_preflight import STEP_BYTES
 from dtrain.run.prepare import prepare

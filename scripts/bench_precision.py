@@ -11,6 +11,8 @@ chooses the default compute dtype of a CPU run (bf16 wins where the CPU has bf16
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import copy
 import statistics

@@ -10,6 +10,8 @@ ratio of tokens/s, dtrain over bare (target: >= 0.98 on CPU):
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import copy
 import statistics

@@ -16,6 +16,8 @@ docs/collectives.md explains the figures; gloo on CPU, NCCL on GPUs (one per loc
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import difflib
 import json

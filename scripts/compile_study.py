@@ -21,6 +21,8 @@ arguments and the config and prints each variant's command without running any.
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import json
 import os

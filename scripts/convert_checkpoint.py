@@ -6,8 +6,9 @@
     python scripts/convert_checkpoint.py from-hf /models/Llama-3.1-8B dcp_out
     # DCP -> one file for plain torch: torch.load("model.pt", weights_only=True)
     python scripts/convert_checkpoint.py to-torch outputs/run/checkpoint/step-1000 model.pt
-    # a LoRA run's DCP checkpoint -> PEFT adapter folder (adapter_config.json + adapter_model.safetensors)
-    python scripts/convert_checkpoint.py to-peft outputs/run/checkpoint/step-1000 adapter_out
+    # a LoRA run's DCP checkpoint -> PEFT adapter folder (adapter_config.json + adapter_model.safetensors); with no
+    # folder given, exports go beside the run's checkpoints: outputs/run/exports/peft-step-1000
+    python scripts/convert_checkpoint.py to-peft outputs/run/checkpoint/step-1000
 
 to-hf needs the model's hyperparameters: it reads the run's resolved config (<run>/config.toml, found two folders
 above the checkpoint; or --config), which records them in full; a config whose model args or [lora] settings differ
@@ -24,6 +25,8 @@ new or empty folder, or replace an earlier export of the same kind there (tool_c
 """
 
 from __future__ import annotations
+
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
 
 import argparse
 import datetime
@@ -184,8 +187,18 @@ def from_hf(opts) -> None:
 
 def to_torch(opts) -> None:
     read_checkpoint_record(opts.checkpoint, "checkpoint")
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(dcp_io.read_whole_state(opts.checkpoint), opts.out)
     print(f"wrote {opts.out}; read it with torch.load(path, weights_only=True)")
+
+
+def default_export(checkpoint: Path, kind: str, suffix: str = "") -> Path:
+    """Where an export goes when no folder is given: beside its run's checkpoints (`<run>/exports/<kind>-step-N`)
+    for a run's step folder, else beside the checkpoint it came from; never the folder the command runs in."""
+    step = checkpoint.absolute()
+    if step.name.startswith("step-") and (step.parent.parent / "config.toml").is_file():
+        return step.parent.parent / "exports" / f"{kind}-{step.name}{suffix}"
+    return step.parent / f"{step.name}-{kind}{suffix}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     hf = commands.add_parser("to-hf", help="DCP checkpoint -> Hugging Face safetensors folder")
     hf.add_argument("checkpoint", type=Path)
-    hf.add_argument("out", type=Path)
+    hf.add_argument("out", type=Path, nargs="?", help="default: <run>/exports/hf-step-N")
     hf.add_argument("--config", type=Path, default=None, help="the run's config.toml (default: <run>/config.toml)")
     hf.add_argument("--dtype", choices=DTYPES, default="bfloat16")
     hf.add_argument("--max-shard-gb", type=float, default=5.0)
@@ -205,13 +218,16 @@ def main(argv: list[str] | None = None) -> int:
     back.add_argument("--dtype", choices=DTYPES, default="float32")
     lora = commands.add_parser("to-peft", help="a LoRA run's DCP checkpoint -> PEFT adapter folder")
     lora.add_argument("checkpoint", type=Path)
-    lora.add_argument("out", type=Path)
+    lora.add_argument("out", type=Path, nargs="?", help="default: <run>/exports/peft-step-N")
     lora.add_argument("--config", type=Path, default=None, help="the run's config.toml (default: <run>/config.toml)")
     lora.add_argument("--dtype", choices=DTYPES, default="float32")
     plain = commands.add_parser("to-torch", help="DCP checkpoint -> one torch.save file")
     plain.add_argument("checkpoint", type=Path)
-    plain.add_argument("out", type=Path)
+    plain.add_argument("out", type=Path, nargs="?", help="default: <run>/exports/torch-step-N.pt")
     opts = parser.parse_args(argv)
+    kinds = {"to-hf": ("hf", ""), "to-peft": ("peft", ""), "to-torch": ("torch", ".pt")}
+    if opts.command in kinds and opts.out is None:
+        opts.out = default_export(opts.checkpoint, *kinds[opts.command])
     try:
         {"to-hf": to_hf, "from-hf": from_hf, "to-torch": to_torch, "to-peft": to_peft}[opts.command](opts)
     except DtrainError as err:

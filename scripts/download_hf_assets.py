@@ -18,6 +18,8 @@ This is the only part of dtrain that touches the network; training itself never 
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import fnmatch
 import os

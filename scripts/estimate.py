@@ -12,6 +12,8 @@ does not fit is followed by the changes that make it fit, each re-estimated, as 
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import json
 import sys

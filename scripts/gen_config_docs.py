@@ -1,11 +1,13 @@
 """Regenerate the field reference in docs/configuration.md from the config schema, and the torchtitan key table in
-docs/migrating-from-torchtitan.md from dtrain/config/torchtitan_keys.py.
+docs/migrating-from-torchtitan.md from dtrain/config/torchtitan_keys.py and torchtitan_comparison.py.
 
 Usage: python scripts/gen_config_docs.py [--check]
 With --check, write nothing and exit 1 when a committed doc is out of date (tests/config runs the same check).
 """
 
 from __future__ import annotations
+
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
 
 import sys
 from pathlib import Path

@@ -8,7 +8,11 @@
 #   3. one run that writes a CUDA memory snapshot and saves an async checkpoint from pinned memory, then checks
 #      that both exist;
 #   4. scripts/compile_study.py on the first model: eager, compile default and reduce-overhead, and what the
-#      portable compile cache (compile.cache) saves against a cold compile and a warm local cache.
+#      portable compile cache (compile.cache) saves against a cold compile and a warm local cache;
+#   5. side by side with torchtitan 0.2.2's own trainer (scripts/bench_vs_torchtitan.py, when torchtitan is
+#      installed): the Llama 3 1B-class shape, eager, compile and compile + float8, losses of every step compared;
+#   6. packed sequences on the first model (training.attention_mask block_causal, batch 1): the dense mask against
+#      FlexAttention's block masks at seq 2k, 8k and 32k (scripts/bench_layouts.py).
 # It prints one table per model and writes everything to GPU_CHECK_OUT (default gpu_check_<date>.md); record the
 # table in docs/benchmarks.md with the exact command.
 #
@@ -41,6 +45,8 @@ if [[ "${DRY_RUN:-0}" == 1 ]]; then
     BATCH=2
     CUDA_ONLY=(--checkpoint.async_mode async)  # pinned staging and memory snapshots are refused without CUDA
     STUDY_MODES=default
+    SIDE_BY_SIDE=(--dry_run --shapes debug --variants eager --rounds 1 --steps 3 --warmup 1)
+    PACKED_SEQS=(64); PACKED_VARIANTS=packed_dense  # FlexAttention has no CPU backward
 else
     STEPS=30; WARMUP=10
     MODELS=("llama3 1B" "qwen3 1.7B")
@@ -49,6 +55,9 @@ else
     # A snapshot is written every profile_freq steps: every 2 of the 4 steps here.
     CUDA_ONLY=(--checkpoint.async_mode async_with_pinned_mem --profiling.enable_memory_snapshot --profiling.profile_freq 2)
     STUDY_MODES=default,reduce-overhead  # CUDA graphs: what they add on top of the compiled kernels
+    SIDE_BY_SIDE=(--shapes llama3_1b --variants eager,compile,compile_float8 --rounds 2 --steps "$STEPS"
+                  --warmup "$WARMUP" --batch "$BATCH")
+    PACKED_SEQS=(2048 8192 32768); PACKED_VARIANTS=packed_dense,packed_flex
 fi
 if [[ -n "${GPU_CHECK_MODELS:-}" ]]; then
     IFS=';' read -r -a MODELS <<<"$GPU_CHECK_MODELS"
@@ -84,6 +93,27 @@ for model in "${MODELS[@]}"; do
 done
 
 read -r name flavor <<<"${MODELS[0]}"
+echo -e "\n## side by side with torchtitan 0.2.2's trainer: one GPU\n" | tee -a "$OUT"
+# Found, not imported: importing it needs triton, which the CPU build of torch lacks (the dry run stubs it).
+if "$PYTHON" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torchtitan") is None)'; then
+    rm -f "$WORK/side.md"
+    "$PYTHON" scripts/bench_vs_torchtitan.py "${SIDE_BY_SIDE[@]}" --output "$WORK/side.md" >/dev/null \
+        2>"$WORK/side.err" || { failed+=("side by side"); tail -n 20 "$WORK/side.err" | tee -a "$OUT"; }
+    if [[ -f "$WORK/side.md" ]]; then tee -a "$OUT" < "$WORK/side.md"; fi
+else
+    echo "skipped: torchtitan is not installed here (pip install torchtitan==0.2.2)" | tee -a "$OUT"
+fi
+
+for seq in "${PACKED_SEQS[@]}"; do
+    echo -e "\n## $name $flavor: packed sequences at seq $seq, batch 1: dense mask against FlexAttention\n" | tee -a "$OUT"
+    rm -f "$WORK/packed.md"
+    "$PYTHON" scripts/bench_layouts.py --variants "$PACKED_VARIANTS" --steps "$STEPS" --warmup "$WARMUP" --batch 1 \
+        --output "$WORK/packed.md" -- --model.name "$name" --model.flavor "$flavor" "${SHAPE[@]}" \
+        --training.seq_len "$seq" >/dev/null 2>"$WORK/packed.err" \
+        || { failed+=("packed $seq"); tail -n 20 "$WORK/packed.err" | tee -a "$OUT"; }
+    if [[ -f "$WORK/packed.md" ]]; then tee -a "$OUT" < "$WORK/packed.md"; fi
+done
+
 echo -e "\n## memory snapshot and async checkpoint (pinned memory)\n" | tee -a "$OUT"
 NPROC=1 ./run_train.sh --training.dataset synthetic --training.steps 4 --job.dump_folder "$WORK/snapshot_run" \
     --model.name "$name" --model.flavor "$flavor" "${SHAPE[@]}" --training.local_batch_size "$BATCH" \

@@ -10,6 +10,8 @@ worlds and end-to-end CLI runs are where the time is.
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import xml.etree.ElementTree as ElementTree
 from collections import defaultdict

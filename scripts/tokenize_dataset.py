@@ -11,21 +11,17 @@ one after the other. An interrupted run (Ctrl-C, a crash) continues when run aga
 
 from __future__ import annotations
 
+import _repo_env  # noqa: F401  (first: re-runs this script in the repository's .venv when needed)
+
 import argparse
 import os
 import shlex
 import sys
 
 from dtrain.config.schema import Model
-from dtrain.data.tokenize_corpus import (
-    DEFAULT_SHARD_TOKENS,
-    INPUT_KINDS,
-    Progress,
-    command_line_message,
-    open_input,
-    tokenize_corpus,
-    verify,
-)
+from dtrain.data.corpus_input import INPUT_KINDS, open_input
+from dtrain.data.shard_verify import verify
+from dtrain.data.tokenize_corpus import DEFAULT_SHARD_TOKENS, Progress, command_line_message, tokenize_corpus
 from dtrain.data.tokenizer_factory import build_tokenizer
 from dtrain.errors import DtrainError
 

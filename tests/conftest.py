@@ -14,6 +14,8 @@ import pytest
 # which inherit the environment) pays that once per graph.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), "dtrain_inductor_cache"))
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+# Tests load scripts/*.py by path; each imports scripts/_repo_env.py first (a no-op in this environment).
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 
 # Every process a test starts (torchrun, workers, forkserver children, their children) inherits this session's id
 # in its environment, so the session's end finds any that are still running, wherever they were re-parented.

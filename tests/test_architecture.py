@@ -1,19 +1,21 @@
-"""The architecture, checked: no import cycles among dtrain's modules, and imports only run down the stack.
+"""The architecture, checked: no import cycles among dtrain's modules, and every package imports only packages on
+the layers below it (the table under "## Layers" in docs/architecture.md, read by the test).
 
 Imports are read from the source with `ast` (module-level and inside functions; `if TYPE_CHECKING:` blocks are
-left out, as they never run), so a test names the file and line of each offending import. The direction:
-dtrain -> parallelize -> models -> torch; inside dtrain, run -> step, and config imports none of them.
+left out, as they never run), so a test names the file and line of each offending import.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+ARCHITECTURE_DOC = REPO / "docs" / "architecture.md"
 # Where each package's source lives (models/ and parallelize/ install as dtrain.models and dtrain.parallelize).
 PACKAGE_ROOTS = {
     "dtrain": REPO / "dtrain",
@@ -189,32 +191,79 @@ def test_import_reader_resolves_relative_and_submodule_imports(tmp_path):
     )
 
 
-def _dtrain_outside(*allowed: str):
-    return lambda target: _under(target, ("dtrain",)) and not _under(target, allowed)
+def package_of(module: str) -> str | None:
+    """The layered unit a dtrain module belongs to: dtrain.models, dtrain.parallelize, a package of dtrain/
+    (dtrain.run, ...) or a top-level module (dtrain.main, ...); None for the root package and non-dtrain modules."""
+    parts = module.split(".")
+    if parts[0] != "dtrain" or len(parts) == 1:
+        return None
+    return ".".join(parts[:2])
 
 
-def test_models_import_only_models_and_never_torch_distributed():
-    bad = violations(
-        ("dtrain.models",),
-        lambda t: _dtrain_outside("dtrain.models")(t) or _under(t, ("torch.distributed",)),
-    )
-    assert not bad, "dtrain.models imports outside itself or torch.distributed:\n" + "\n".join(bad)
+def layers(text: str | None = None) -> dict[str, int]:
+    """Package -> its layer (1 = bottom), read from the table under "## Layers" in docs/architecture.md: each row
+    `| N | `name`, `name` | ... |` (names without the `dtrain.` prefix)."""
+    text = ARCHITECTURE_DOC.read_text(encoding="utf-8") if text is None else text
+    section = text.split("\n## Layers", 1)[1].split("\n## ", 1)[0]
+    found = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            for name in re.findall(r"`([a-z_]+)`", cells[1]):
+                found[f"dtrain.{name}"] = int(cells[0])
+    return found
 
 
-def test_parallelize_imports_only_parallelize_and_models():
-    bad = violations(("dtrain.parallelize",), _dtrain_outside("dtrain.parallelize", "dtrain.models"))
-    assert not bad, "dtrain.parallelize imports dtrain outside parallelize and models:\n" + "\n".join(bad)
+def layer_violations(graph=None, order=None) -> list[str]:
+    """An unlisted package, and every import of a package on its own layer or above it, one line each."""
+    graph = import_graph() if graph is None else graph
+    order = layers() if order is None else order
+    packages = {package_of(module) for module in graph} - {None}
+    found = [f"{package} is in no layer of {ARCHITECTURE_DOC.name}: add it to the table under ## Layers"
+             for package in sorted(packages - set(order))]
+    for module, imports in graph.items():
+        source = package_of(module)
+        for imp in imports:
+            target = package_of(imp.target)
+            if source in order and target in order and target != source and order[target] >= order[source]:
+                found.append(f"{imp} (layer {order[source]} imports layer {order[target]})")
+    return list(dict.fromkeys(found))  # `from m import a, b` is one import of m
 
 
-def test_step_never_imports_run_or_config():
-    bad = violations(("dtrain.step",), lambda t: _under(t, ("dtrain.run", "dtrain.config")))
-    assert not bad, "dtrain.step imports the run or the config:\n" + "\n".join(bad)
+def test_every_package_imports_only_packages_below_it():
+    bad = layer_violations()
+    assert not bad, "against the layer order of docs/architecture.md:\n" + "\n".join(bad)
 
 
-def test_config_imports_nothing_above_it():
-    above = ("dtrain.models", "dtrain.parallelize", "dtrain.run", "dtrain.step")
-    bad = violations(("dtrain.config",), lambda t: _under(t, above))
-    assert not bad, "dtrain.config imports a layer above it:\n" + "\n".join(bad)
+def test_layer_check_names_unlisted_packages_and_upward_imports():
+    graph = {
+        "dtrain.low.a": [Import("dtrain.low.a", "dtrain.high.b", "low/a.py:3")],
+        "dtrain.high.b": [Import("dtrain.high.b", "dtrain.low.a", "high/b.py:1")],
+        "dtrain.side": [Import("dtrain.side", "dtrain.low", "side.py:2")],
+        "dtrain.new.c": [],
+    }
+    order = layers("\n## Layers\n\n| layer | packages |\n|---|---|\n| 2 | `high`, `side` |\n| 1 | `low` |\n")
+    assert order == {"dtrain.high": 2, "dtrain.side": 2, "dtrain.low": 1}
+    assert layer_violations(graph, order) == [
+        "dtrain.new is in no layer of architecture.md: add it to the table under ## Layers",
+        "low/a.py:3: dtrain.low.a imports dtrain.high.b (layer 1 imports layer 2)",
+    ]
+
+
+def test_the_packages_being_written_have_their_layer():
+    order = layers()
+    assert order["dtrain.eval"] > order["dtrain.run"] and order["dtrain.preference"] > order["dtrain.run"]
+
+
+def test_models_never_import_torch_distributed():
+    bad = violations(("dtrain.models",), lambda t: _under(t, ("torch.distributed",)))
+    assert not bad, "dtrain.models imports torch.distributed:\n" + "\n".join(bad)
+
+
+def test_step_takes_no_job_config():
+    # The step's components receive plain values; of the config they may share only its plain data.
+    bad = violations(("dtrain.step",), lambda t: _under(t, ("dtrain.config",)) and t != "dtrain.config.low_bit_optim")
+    assert not bad, "dtrain.step imports the config beyond its plain data:\n" + "\n".join(bad)
 
 
 def test_importing_the_config_loads_no_model_and_no_torch_distributed():

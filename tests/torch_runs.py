@@ -14,9 +14,13 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 
 # What torch's version can change: the models, parallel layouts, the step, precision, checkpoint I/O (DCP), compile
-# and profiling, fault tolerance over torch's process groups, and the reference suite against torchtitan,
-# transformers and PEFT.
-EVERY_TORCH = ("checkpoint", "fault_tolerance", "models", "observe", "parallelize", "precision", "reference", "step")
+# and profiling, fault tolerance over torch's process groups, the reference suite against torchtitan,
+# transformers and PEFT, evaluation (the harness's numbers from the sharded model's forward), and preference tuning
+# (its layouts' parity and TRL's numbers).
+EVERY_TORCH = (
+    "checkpoint", "eval", "fault_tolerance", "models", "observe", "parallelize", "precision", "preference",
+    "reference", "step",
+)
 # What it cannot: config parsing, data readers and tokenizers, the docs pages, the CLI walkthroughs (every layout of
 # which has its in-process parity world above), the launcher, locks and run folders, metrics sinks, the estimator's
 # arithmetic, the run's hooks and pre-flight; and the suite's own checks at the top of tests/.

@@ -1,21 +1,11 @@
-"""Checksums of every stored tensor chunk, taken as it is written and checked as it is read.
+"""Checksums of every stored tensor chunk, taken as it is written and checked as it is read (docs/checkpointing.md,
+"Checksums": why sizes are not enough, and what is refused).
 
-A commit record's file sizes catch a truncated checkpoint, not bytes changed in place (a bad disk, a damaged
-copy): those would load silently and training would continue from garbage. So every DCP storage item (one
-tensor chunk or one pickled value, a byte range of a `.distcp` file) gets an xxh3-64 checksum:
-
-- writing: `ChecksummingWriter` hashes the ranges each rank has just written (from the page cache, on the rank
-  that wrote them, in the background thread of an async save) into `__<rank>_checksums.json` beside its data,
-  before DCP's final barrier, so all of them exist when rank 0 commits; `commit` moves them into the record.
-- reading: `VerifyingReader` hashes each range a rank reads before DCP decodes it (which then reads it again, from
-  the page cache), against the record of the folder it reads from. A mismatch is a one-line `ChecksumMismatch`
-  naming the file, the range and the tensor.
-
-xxh3 runs at ~11 GB/s on one core here, several times faster than zlib's crc32 (measured in
-docs/benchmarks.md with the save and load it adds to). A checkpoint with a commit record is always verified: a
-record without a well-formed checksum table is refused (`table_problem`), as is an item the table does not cover,
-so deleting one key or entry cannot switch the check off. Only checkpoints without a record (other tools' ones) are
-read unverified, with a warning.
+Writing: `ChecksummingWriter` hashes the byte ranges each rank has just written (from the page cache, in the
+background thread of an async save) into `__<rank>_checksums.json` before DCP's final barrier; `commit` moves them
+into the record. Reading: `VerifyingReader` hashes each range before DCP decodes it, against the record, and raises
+a one-line `ChecksumMismatch` naming file, range and tensor. xxh3-64: ~11 GB/s on one core, several times zlib's
+crc32.
 """
 
 from __future__ import annotations

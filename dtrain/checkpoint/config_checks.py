@@ -1,21 +1,7 @@
 """Checks of the [checkpoint] section that can run before any process group or run directory exists, and of what a
-resume may change against the checkpoint it continues.
-
-What a resume (the same run folder, the same command plus a change) may change, and why:
-- `model.name`, `model.flavor`, `[model.args]`: never, for a resume continues the same model. The checkpoint
-  records the family, flavor and every resolved arg (`model_record`); a different family or any different arg is
-  refused in one line, even one that keeps every weight's shape (n_heads with n_kv_heads, rope_theta, norm_eps,
-  fewer layers: the load would take a subset of the weights or compute another function with them). A new flavor
-  that resolves to the same args continues. The args that are the run's to choose (the family's RUN_FIELDS:
-  max_seq_len, which follows training.seq_len, and a MoE's balancing settings) may change.
-- `training.seq_len`, the global batch (`training.global_batch_size`, else `training.local_batch_size` x the
-  data-parallel ranks): the weights, optimizer, schedule, step and random state would continue soundly, but the
-  data position counts sequences of the saved length and batch, so it cannot continue exactly: refused in one line,
-  unless `checkpoint.exclude_from_loading = ["dataloader"]` is set, which continues everything else with the data
-  from the beginning of the dataset (sequences seen before are seen again). A new local batch size with the same
-  global batch (gradient accumulation) or a new data-parallel size continues exactly.
-Checkpoints saved before the model was recorded are checked by their weights' names and shapes only.
-"""
+resume may change against the checkpoint it continues: never the model (family, flavor's resolved args), nor the
+sequence length or global batch while the data position loads (docs/checkpointing.md, "What a resume may change",
+says why)."""
 
 from __future__ import annotations
 
@@ -27,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dtrain.config.low_bit_optim import low_bit_format
 from dtrain.config.schema import Checkpoint, Model
 from dtrain.config.values import show_value
 from dtrain.errors import ConfigError, DtrainError
 from dtrain.parallelize import get_family
-from dtrain.precision.low_bit_optim import low_bit_format
 
 if TYPE_CHECKING:
     from dtrain.checkpoint.context import RunContext
@@ -163,7 +149,7 @@ def _check_same_model(path: Path, saved: dict[str, Any], now: dict[str, Any]) ->
             f"model.name = {now['name']} differs from checkpoint {path}'s {saved['name']}: a resume continues the "
             f"same model; set model.name = {saved['name']} (model.flavor = {saved['flavor'] or 'none'}), {new_run}"
         )
-    # tie_word_embeddings is restore.check_tying's to refuse, naming its own key.
+    # tie_word_embeddings is load_checks.check_tying's to refuse, naming its own key.
     changed = changed_model_args(saved, now, also_free=("tie_word_embeddings",))
     old_args, new_args = saved["args"], now["args"]
     via = f" (model.flavor {saved['flavor'] or 'none'} -> {now['flavor'] or 'none'})"
@@ -179,3 +165,28 @@ def _check_same_model(path: Path, saved: dict[str, Any], now: dict[str, Any]) ->
         )
     if via:
         logger.info(f"checkpoint: model.flavor {saved['flavor']} -> {now['flavor']} resolves to the same model args")
+
+
+# What the data-layout keys added after the first release were, for checkpoints that predate them.
+LAYOUT_DEFAULTS = {"dataset_mixture": [], "dataset_shuffle": True}
+
+
+def check_data_layout(ctx: RunContext, path: Path, record: CommitRecord) -> None:
+    """Refuse a data position that would not continue exactly; log when it carries over to a new dp size."""
+    saved, now = record.data, ctx.data_layout()
+    if not saved:
+        return
+    # Records written before a key existed hold its default.
+    saved = {**LAYOUT_DEFAULTS, **saved}
+    changed = [k for k in now if k != "dp_size" and saved.get(k) != now[k]]
+    if changed:
+        diffs = ", ".join(f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in changed)
+        raise DtrainError(
+            f"checkpoint {path}: its data position cannot continue exactly ({diffs}); keep them, or set "
+            'checkpoint.exclude_from_loading = ["dataloader"] to start the data from the beginning'
+        )
+    if saved.get("dp_size") != now["dp_size"]:
+        logger.info(
+            f"checkpoint: data position carries over from {saved.get('dp_size')} to {now['dp_size']} data-parallel "
+            f"rank(s) (global batch of {now['global_batch']} sequences unchanged)"
+        )

@@ -39,7 +39,7 @@ from dtrain.checkpoint.safe_reading import (
 from dtrain.errors import DtrainError
 from dtrain.parallelize.torch_compat import ASYNC_STAGER_IS_REUSABLE
 from dtrain.precision.mx import allow_mx_tensors_in_checkpoints
-from dtrain.precision.torchao_import import quiet_torchao_import
+from dtrain.step.torchao_import import quiet_torchao_import
 
 # Full checkpoints nest the weights under this key (TrainState.state_dict); model-only ones keep them at the top,
 # as torchtitan's model-only checkpoints do, so either project can start from the other's weights.

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from dtrain.errors import DtrainError
+
+if TYPE_CHECKING:
+    from dtrain.checkpoint.folders import CommitRecord
+    from dtrain.models.decoder import DecoderArgs
 
 logger = logging.getLogger("dtrain")
 SHOWN = 3  # names quoted in a one-line error
@@ -79,3 +83,16 @@ def first_non_finite(tensors: dict[str, torch.Tensor], order: list[str], group: 
 def _finite(tensor: torch.Tensor) -> bool:
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
     return not local.is_floating_point() or bool(torch.isfinite(local).all())
+
+
+def check_tying(path: Path, record: CommitRecord, model_args: DecoderArgs | None) -> None:
+    """Refuse weights saved tied into an untied model and the reverse: names and shapes match either way, and
+    the load would silently merge two weights into one or copy one into two."""
+    saved, ours = record.tie_word_embeddings, getattr(model_args, "tie_word_embeddings", None)
+    if saved is None or ours is None or saved == ours:
+        return
+    effect = "keep only one of its two weights" if ours else "copy its one shared weight into two"
+    raise DtrainError(
+        f"checkpoint {path} was saved with tie_word_embeddings {str(saved).lower()}, this model has "
+        f"{str(ours).lower()}: loading it would {effect}; set model.tie_word_embeddings = {str(saved).lower()}"
+    )

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from dtrain.config.low_bit_optim import low_bit_suffix
 from dtrain.config.schema import Optimizer as OptimizerConfig
 from dtrain.errors import DtrainError
 from dtrain.step.optimizer import param_grouping
@@ -120,3 +121,23 @@ def _number(value: Any) -> str:
 
 def _flag(grouping: str) -> str:
     return str(grouping == "no_decay_on_vectors").lower()
+
+
+def check_optimizer(path: Path, saved: str, ours: str) -> None:
+    """Refuse optimizer state stored in another moment format (torch's float moments, torchao's 8-bit, 4-bit or
+    float8 ones): DCP would load float moments into a low-bit optimizer whole, silently undoing its memory saving,
+    and fail on the reverse with a message about metadata. Optimizers of one format (AdamW and Adam) share their
+    state, so switching between them continues it, said in the log."""
+    if not saved or saved == ours:  # "": a record from before dtrain recorded it
+        return
+    if low_bit_suffix(saved) != low_bit_suffix(ours):
+        raise DtrainError(
+            f"checkpoint {path} holds the optimizer state of optimizer.name = {saved} ({_moments(saved)} moments), "
+            f"which {ours} ({_moments(ours)} moments) cannot continue: set optimizer.name = {saved}, or "
+            'checkpoint.exclude_from_loading = ["optimizer"] to start the optimizer afresh'
+        )
+    logger.info(f"checkpoint: optimizer state saved by {saved} continues in {ours} (the same moment format)")
+
+
+def _moments(name: str) -> str:
+    return low_bit_suffix(name) or "float"

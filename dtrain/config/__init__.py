@@ -7,18 +7,16 @@ from dtrain.config.loader import default_configs_dir, load_config, resolve_confi
 from dtrain.config.schema import (
     ActivationCheckpoint,
     Checkpoint,
-    Compile,
     Debug,
     Job,
     JobConfig,
     LRScheduler,
-    Metrics,
     Model,
     Optimizer,
     Parallelism,
-    Profiling,
     Training,
 )
+from dtrain.config.schema_observe import Compile, Metrics, Profiling
 from dtrain.config.toml_io import config_to_dict, to_toml
 from dtrain.config.validate import PIPELINE_SCHEDULES, validate_config
 

@@ -12,14 +12,15 @@ import importlib.util
 import os
 
 from dtrain.config.schema import JobConfig
+from dtrain.config.schema_opt_in import FaultTolerance
 from dtrain.errors import ConfigError
 
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 
 
-def lighthouse_address(cfg: JobConfig, env=os.environ) -> str:
+def lighthouse_address(ft: FaultTolerance, env=os.environ) -> str:
     """fault_tolerance.lighthouse, else $TORCHFT_LIGHTHOUSE (torchft's and torchtitan's variable)."""
-    return cfg.fault_tolerance.lighthouse or env.get(LIGHTHOUSE_ENV, "")
+    return ft.lighthouse or env.get(LIGHTHOUSE_ENV, "")
 
 
 def check_fault_tolerance(cfg: JobConfig) -> None:
@@ -62,7 +63,7 @@ def check_replica_launch(cfg: JobConfig, cuda: bool, env=os.environ) -> None:
         return
     if cfg.fault_tolerance.process_group == "nccl" and not cuda:
         raise ConfigError("fault_tolerance.process_group = nccl needs CUDA GPUs; this run is on the CPU: use gloo")
-    if not lighthouse_address(cfg, env):
+    if not lighthouse_address(cfg.fault_tolerance, env):
         raise ConfigError(
             f"fault_tolerance.enable needs torchft's lighthouse: set fault_tolerance.lighthouse or {LIGHTHOUSE_ENV} "
             "(e.g. http://localhost:29510; scripts/ft_local.sh starts one)"

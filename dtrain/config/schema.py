@@ -1,5 +1,6 @@
 """The typed configuration of a dtrain run: one dataclass per TOML section (the sections of opt-in features, from
-quantized linears to fault tolerance, are in schema_opt_in.py).
+quantized linears to fault tolerance, are in schema_opt_in.py; those of compiling and watching a run in
+schema_observe.py; [training.chat] in schema_chat.py).
 
 Section and field names follow torchtitan v0.2.2 wherever the concept is the same, so that its TOML files mostly
 just work here. Every field carries a one-line doc (shown by ``--help``) and, where the set of valid values is
@@ -12,7 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtrain.config.model_families import DEFAULT_MODEL_FAMILY, MODEL_FAMILIES, SPLIT_EXAMPLE_STAGES
+from dtrain.config.evaluation import Eval
 from dtrain.config.options import opt
+from dtrain.config.preference import Preference
+from dtrain.config.schema_chat import Chat
+from dtrain.config.schema_observe import Compile, Metrics, Profiling
 from dtrain.config.schema_opt_in import FaultTolerance, LoRA, Quantize
 
 
@@ -145,35 +150,9 @@ class DataLoader:
 
 
 DATASET_KINDS = (
-    "builtin", "synthetic", "files", "hf", "c4", "c4_test", "c4_validation", "tokens", "chat", "mixture"
+    "builtin", "synthetic", "files", "hf", "c4", "c4_test", "c4_validation", "tokens", "chat", "preference",
+    "mixture",
 )
-
-
-@dataclass
-class Chat:
-    chat_template: str = opt(
-        "",
-        "The chat template: empty = the tokenizer's own (tokenizer_config.json's chat_template or "
-        "chat_template.jinja, rendered as transformers does), plain when it has none; plain; or a .jinja file.",
-    )
-    train_on_input: bool = opt(False, "Train on every token, not only the assistant's answers.")
-    packed: bool = opt(
-        True,
-        "Pack several whole conversations per sequence (each its own document under "
-        "attention_mask = block_causal); false: one conversation per sequence, padded (padding is not trained).",
-    )
-    overlong_policy: str = opt(
-        "drop",
-        "A conversation longer than seq_len + 1 tokens is dropped, or truncated to it; the counts "
-        "are logged once per pass.",
-        choices=("drop", "truncate"),
-    )
-    messages_field: str = opt("messages", "The field of a row holding its list of messages.")
-    role_field: str = opt("role", "The field of a message holding its role (ShareGPT: from).")
-    content_field: str = opt("content", "The field of a message holding its text (ShareGPT: value).")
-    prompt_field: str = opt("prompt", "A prompt/completion row's prompt field (text or messages).")
-    completion_field: str = opt("completion", "A prompt/completion row's completion field.")
-    streaming: bool = opt(False, "Read dataset_path's data files with datasets' load_dataset(streaming=True).")
 
 
 @dataclass
@@ -184,7 +163,8 @@ class Training:
         "hf (Hugging Face datasets at dataset_path), c4 (a local copy made by scripts/download_hf_assets.py; "
         "c4_test: its first 2000 training documents, c4_validation: its validation split), tokens (a folder of "
         "token shards written by scripts/tokenize_dataset.py), chat (conversations for fine-tuning at dataset_path, "
-        "see [training.chat]; empty path: bundled arithmetic chats) or mixture (the sources of dataset_mixture).",
+        "see [training.chat]; empty path: bundled arithmetic chats), preference (chosen/rejected pairs, see "
+        "[training.preference]; empty path: bundled pairs) or mixture (the sources of dataset_mixture).",
         choices=DATASET_KINDS,
     )
     dataset_path: str = opt("", "File, folder or HF dataset path/name for files, hf, c4 and tokens datasets.")
@@ -207,6 +187,12 @@ class Training:
         "causal: every token attends to all earlier tokens of its packed sequence; block_causal (document masking): "
         "only to earlier tokens of its own document (a new document starts at each BOS).",
         choices=("causal", "block_causal"),
+    )
+    attention_mask_backend: str = opt(
+        "auto",
+        "How block_causal masks documents: dense (a [seq, seq] mask to SDPA, memory in seq²), flex (FlexAttention "
+        "block masks, CUDA only: no CPU backward) or auto (flex on CUDA, dense elsewhere).",
+        choices=("auto", "dense", "flex"),
     )
     max_norm: float = opt(
         1.0, "Clip the 2-norm of all gradients together to this value (torchtitan's clipping); 0 disables clipping.",
@@ -237,6 +223,7 @@ class Training:
     )
     dataloader: DataLoader = field(default_factory=DataLoader)
     chat: Chat = field(default_factory=Chat)
+    preference: Preference = field(default_factory=Preference)
 
 
 @dataclass
@@ -396,92 +383,6 @@ class ActivationCheckpoint:
 
 
 @dataclass
-class Compile:
-    enable: bool = opt(False, "torch.compile the components below (the model as compile.granularity says).")
-    components: list[str] = opt(["model", "loss"], "What to compile: model and/or loss.")
-    backend: str = opt("inductor", "torch.compile backend.")
-    mode: str = opt(
-        "default",
-        "torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune, or max-autotune-no-cudagraphs; "
-        "the CUDA-graph modes need CUDA.",
-        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
-    )
-    fullgraph: bool = opt(
-        True, "Refuse graph breaks inside a compiled unit (false: break and run the rest eagerly); units with MoE "
-        "layers always allow them.",
-    )
-    dynamic: str = opt(
-        "auto",
-        "Dynamic shapes: false (specialize on every shape), true (symbolic shapes from the start), or auto "
-        "(torch's default: specialize, then recompile dynamic on a shape change).",
-        choices=("false", "true", "auto"),
-    )
-    granularity: str = opt(
-        "per_block",
-        "What one torch.compile call covers: per_block (each transformer block, as torchtitan does: small graphs, "
-        "fast compiles) or model_whole (the whole model part in one graph, for comparison).",
-        choices=("per_block", "model_whole"),
-    )
-    trace_folder: str = opt(
-        "", "Folder inside job.dump_folder for torch's structured compile trace (TORCH_TRACE; open with tlparse); "
-        "empty = off."
-    )
-    cache: bool = opt(
-        False,
-        "With compile.enable: save torch's portable compile cache (torch.compiler.save_cache_artifacts) after the "
-        "first step and load it before the first step of a later run of the same model and layout: a resumed run "
-        "skips AOT autograd and inductor (on CPU the C++ kernels are still built, unless this machine's inductor "
-        "cache has them).",
-    )
-    cache_dir: str = opt(
-        "",
-        "Where compile.cache keeps its files (one subfolder per model/layout key); relative to job.dump_folder "
-        "unless absolute; empty = <dump_folder>/compile_cache. Share it between runs to reuse their compiles; only "
-        "a folder you trust (loading runs the code in it).",
-    )
-    debug_dir: str = opt(
-        "",
-        "With compile.enable: folder inside job.dump_folder for inductor's generated code of what the first step "
-        "compiles (the TORCH_COMPILE_DEBUG output: FX graphs, IR before and after fusion, output_code.py), one "
-        "folder per rank; the first step then compiles without caches; empty = off.",
-    )
-
-
-@dataclass
-class Metrics:
-    log_freq: int = opt(10, "Log one metrics line every this many steps.", minimum=1)
-    enable_tensorboard: bool = opt(True, "Write TensorBoard events under <dump_folder>/<save_tb_folder>.")
-    save_tb_folder: str = opt("tb", "TensorBoard folder inside job.dump_folder.")
-    save_for_all_ranks: bool = opt(False, "Every rank writes its own metrics files (rank 0 only by default).")
-    enable_wandb: bool = opt(
-        False,
-        "Log metrics to Weights & Biases (needs the wandb package; WANDB_PROJECT, WANDB_MODE=offline etc. are "
-        "respected; runs are stored under job.dump_folder).",
-    )
-    disable_color_printing: bool = opt(False, "Never colour the console metrics line (it is coloured only on a TTY).")
-
-
-@dataclass
-class Profiling:
-    enable_profiling: bool = opt(False, "Record a torch.profiler window every profile_freq steps.")
-    save_traces_folder: str = opt("profile_traces", "Trace folder inside job.dump_folder.")
-    profile_freq: int = opt(10, "Steps between profiler windows.", minimum=1)
-    profiler_warmup: int = opt(3, "Warmup steps inside each profiler window.", minimum=0)
-    profiler_active: int = opt(1, "Recorded steps inside each profiler window.", minimum=1)
-    record_shapes: bool = opt(False, "Profiler: record the input shapes of every operator (its top-k table shows them).")
-    with_stack: bool = opt(False, "Profiler: record the Python stack of every operator (larger traces).")
-    profile_memory: bool = opt(
-        False, "Profiler: track tensor allocations; on CUDA also export the memory timeline beside the trace."
-    )
-    top_ops: int = opt(
-        15, "Operators in the table of each profiler window (by self time), logged and written beside its trace; "
-        "0 = none.", minimum=0,
-    )
-    enable_memory_snapshot: bool = opt(False, "Dump a CUDA allocator memory snapshot (CUDA only).")
-    save_memory_snapshot_folder: str = opt("memory_snapshot", "Memory snapshot folder inside job.dump_folder.")
-
-
-@dataclass
 class Debug:
     seed: int = opt(0, "Seed from which every random stream (init, data, dropout) is derived.", minimum=0)
     deterministic: bool = opt(False, "Use deterministic algorithms only (slower; bit-identical runs on GPU too).")
@@ -520,3 +421,4 @@ class JobConfig:
     quantize: Quantize = field(default_factory=Quantize)
     lora: LoRA = field(default_factory=LoRA)
     fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
+    eval: Eval = field(default_factory=Eval)

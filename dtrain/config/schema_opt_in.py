@@ -108,6 +108,18 @@ class FaultTolerance:
     min_replica_size: int = opt(
         1, "Fewest groups a step (or a sync) needs to commit; with fewer the step is retried.", minimum=1
     )
+    join_timeout_seconds: float = opt(
+        60.0,
+        "A group's first step waits this long for all group_size groups (its attempts discarded meanwhile), then "
+        "trains with those present; a group joining a running job recovers live instead.",
+        minimum=0.0,
+    )
+    quorum_timeout_seconds: float = opt(
+        60.0,
+        "A quorum after the group's first fails after this long (the lighthouse lost): the group saves its last "
+        "step and ends (the first quorum waits comm.init_timeout_seconds).",
+        minimum=1.0,
+    )
     semi_sync_method: str = opt(
         "",
         "Empty: gradients are averaged over the groups every step. local_sgd: each group steps alone and the "

@@ -1,22 +1,21 @@
 """The key table of docs/migrating-from-torchtitan.md: every torchtitan v0.2.2 key and what it is in dtrain.
 
-Generated from ``torchtitan_keys.py`` and the schema by scripts/gen_config_docs.py, between the markers below; a
-test fails when the committed doc and the code disagree.
+Generated from ``torchtitan_keys.py``, ``torchtitan_comparison.py`` and the schema by scripts/gen_config_docs.py,
+between the markers below; a test fails when the committed doc and the code disagree.
 """
 
 from __future__ import annotations
 
 from dtrain.config.fields import config_fields
 from dtrain.config.reference import splice_between
-from dtrain.config.torchtitan_keys import (
-    ANY,
+from dtrain.config.torchtitan_comparison import (
     DEFAULT_DIFFERENCES,
     MEANING_DIFFERENCES,
     PROVEN_SAME,
     TESTED_SAME,
-    TORCHTITAN_ONLY,
     TORCHTITAN_V0_2_2_KEYS,
 )
+from dtrain.config.torchtitan_keys import ANY, TORCHTITAN_ONLY
 from dtrain.config.toml_io import toml_value
 
 BEGIN_MARKER = "<!-- BEGIN GENERATED TORCHTITAN KEY TABLE (scripts/gen_config_docs.py) -->"

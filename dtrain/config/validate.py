@@ -12,12 +12,14 @@ from pathlib import Path
 
 from dtrain.config.converters import check_converters
 from dtrain.config.dataset_mixture import MIXABLE_KINDS, parse_mixture
+from dtrain.config.evaluation import check_eval
 from dtrain.config.fault_tolerance_checks import check_fault_tolerance
 from dtrain.config.fields import config_fields, section_of
+from dtrain.config.low_bit_optim import low_bit_format
+from dtrain.config.preference import check_preference
 from dtrain.config.schema import JobConfig
 from dtrain.config.values import coerce_value, show_value
 from dtrain.errors import ConfigError
-from dtrain.precision.low_bit_optim import low_bit_format
 
 # Pipeline schedules by the names torch.distributed.pipelining knows them; matched case-insensitively.
 PIPELINE_SCHEDULES = (
@@ -43,7 +45,9 @@ def validate_config(cfg: JobConfig) -> None:
     _check_profiling(cfg)
     check_converters(cfg)
     _check_lora(cfg)
+    check_preference(cfg)
     check_fault_tolerance(cfg)
+    check_eval(cfg)
 
 
 def _check_fields(cfg: JobConfig) -> None:

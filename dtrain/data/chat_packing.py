@@ -2,17 +2,13 @@
 
 Each window is three rows of `window_len` ids: the tokens, whether each token is a trained target (the assistant's,
 or every token with `train_on_input`), and its document (the conversation's index in the window). Packed, the
-conversations follow each other until the next one does not fit; it then starts the next window and the rest of
-this one is padding (EOS ids, no target, a document of its own). A conversation is never split between windows,
-so none attends to another's tokens under document masking. Unpacked, each window holds one conversation.
-`chat_batch` turns windows into the loader's batch: labels are the next token where that token is a target of the
-same conversation, else IGNORE_INDEX, so the global-token normalisation counts exactly the trained tokens.
-
-A conversation longer than a window is dropped or truncated to it (`overlong_policy`), counted, and said in one
-line when the first whole pass ends; data of which no conversation trains within a window is refused when the
-source is built (the pre-flight builds it too). The state is two ints, (epoch, position of the first row not yet
-placed): a window is a function of where it starts, so a resume re-reads from that row and continues with the very
-same windows.
+conversations follow each other until the next one does not fit, which starts the next window (the rest is
+padding: EOS ids, no target, a document of its own); a conversation is never split between windows. Unpacked,
+each window holds one conversation. `chat_batch` turns windows into the loader's batch: labels are the next token
+where that token is a target of the same conversation, else IGNORE_INDEX, so the global-token normalisation
+counts exactly the trained tokens. Overlong conversations, the fill line and refusals: docs/fine-tuning.md,
+"Chat data". The state is two ints, (epoch, position of the first row not yet placed): a window is a function of
+where it starts, so a resume re-reads from that row and continues with the very same windows.
 """
 
 from __future__ import annotations
@@ -24,13 +20,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from dtrain.config.schema import Chat, Training
-from dtrain.data.chat_source import ChatRows, build_chat_rows, conversation
-from dtrain.data.chat_template import ChatTemplate, build_chat_template
+from dtrain.config.schema import Training
+from dtrain.config.schema_chat import Chat
+from dtrain.data.chat_source import ChatRows, build_chat_rows, conversation, row_tools
+from dtrain.data.chat_template import ChatTemplate
+from dtrain.data.chat_template_choice import build_chat_template
+from dtrain.data.held_out import HeldOutRows
 from dtrain.data.samples import SampleSource
 from dtrain.data.tokenizer import Tokenizer
 from dtrain.errors import DataError
-from dtrain.step.train_step import IGNORE_INDEX
+from dtrain.step.labels import IGNORE_INDEX
 
 logger = logging.getLogger("dtrain")
 
@@ -70,12 +69,18 @@ class ChatSamples(SampleSource):
         self._stream: Iterator[Tokenized] | None = None
         self._pending: Tokenized | None = None  # read, but did not fit in the last window
         self._counts = {"conversations": 0, "dropped": 0, "truncated": 0, "tokens": 0, "targets": 0}
+        # The windows of the pass being placed: how full they are (placed, trained and padding tokens).
+        self._fill = {"windows": 0, "placed": 0, "trained": 0, "padding": 0}
+        # (epoch, its counts, or None when it was resumed part-way) of a pass whose rows are all read, until the
+        # window in which it ended is complete.
+        self._ended: tuple[int, dict[str, int] | None] | None = None
         self._reported: set[int] = set()
         self._check_trains()
 
     def _tokenized(self, row: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
         messages = conversation(row, self.chat, where)
-        return self.template.tokenize(messages, where, find_targets=not self.chat.train_on_input)
+        tools = row_tools(row, where)
+        return self.template.tokenize(messages, where, find_targets=not self.chat.train_on_input, tools=tools)
 
     def _fitted(self, ids: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """A conversation after the overlong policy: as it is, cut to a window, or None when dropped."""
@@ -119,23 +124,42 @@ class ChatSamples(SampleSource):
                 self._counts["tokens"] += len(ids)
                 self._counts["targets"] += int(targets[1:].sum())  # a conversation's first token is never a label
                 yield epoch, position, ids, targets
-            self._report(epoch, start)
+            # A pass resumed part-way counts only its rest: not reported.
+            self._ended = (epoch, None if start else dict(self._counts))
             epoch, start = epoch + 1, 0
             self._counts = dict.fromkeys(self._counts, 0)
 
-    def _report(self, epoch: int, start: int) -> None:
+    def _count_window(self, filled: int, trained: int, first_epoch: int) -> None:
+        """Counts a complete window into its pass's fill: the pass of its first conversation. The pass that ended
+        while it was placed is reported once it is counted (this window is its last) or before (it is the next
+        pass's first)."""
+        ended = self._ended
+        if ended is not None and first_epoch != ended[0]:
+            self._end_pass(*ended)
+        self._fill["windows"] += 1
+        self._fill["placed"] += filled
+        self._fill["trained"] += trained
+        self._fill["padding"] += self.window_len - filled
+        if ended is not None and first_epoch == ended[0]:
+            self._end_pass(*ended)
+
+    def _end_pass(self, epoch: int, counts: dict[str, int] | None) -> None:
         # Every whole pass counts the same: one line, for the first this process reads from its beginning (a small
-        # dataset is passed over every few steps). A pass resumed part-way counts only its rest: not reported.
-        if self._reported or start:
+        # dataset is passed over every few steps).
+        fill, self._fill, self._ended = self._fill, dict.fromkeys(self._fill, 0), None
+        if self._reported or counts is None:
             return
         self._reported.add(epoch)
-        counts = self._counts
+        windows = max(fill["windows"], 1)
         logger.info(
             "chat data, pass %d over %s: %d conversations, %d dropped and %d truncated as longer than "
-            "seq_len + 1 = %d tokens (training.chat.overlong_policy = %s); %d of their %d tokens are trained",
+            "seq_len + 1 = %d tokens (training.chat.overlong_policy = %s); %d of their %d tokens are trained; "
+            "%d sequences, each on average %.1f conversation tokens (%.0f%% full), %.1f trained, %.1f padding",
             epoch, self.rows.description,
             counts["conversations"], counts["dropped"], counts["truncated"], self.window_len,
-            self.chat.overlong_policy, counts["targets"], counts["tokens"],
+            self.chat.overlong_policy, counts["targets"], counts["tokens"], fill["windows"],
+            fill["placed"] / windows, 100 * fill["placed"] / (windows * self.window_len),
+            fill["trained"] / windows, fill["padding"] / windows,
         )
 
     def _next(self) -> Tokenized:
@@ -148,13 +172,15 @@ class ChatSamples(SampleSource):
 
     def _window(self) -> np.ndarray:
         window = np.empty((CHAT_ROWS, self.window_len), dtype=np.int64)
-        filled, document = 0, 0
+        filled, document, trained, first_epoch = 0, 0, 0, None
         while filled < self.window_len:
             item = self._next()
             epoch, position, ids, targets = item
             if filled + len(ids) > self.window_len:  # never for the first: overlong ones were dropped or cut
                 self._pending = item
                 break
+            first_epoch = epoch if first_epoch is None else first_epoch
+            trained += int(targets[1:].sum())  # a conversation's first token is never a label
             end = filled + len(ids)
             window[TOKENS, filled:end], window[TARGETS, filled:end], window[DOCUMENTS, filled:end] = (
                 ids, targets, document
@@ -166,6 +192,7 @@ class ChatSamples(SampleSource):
         if self._pending is not None:
             self._epoch, self._position = self._pending[0], self._pending[1]
         window[TOKENS, filled:], window[TARGETS, filled:], window[DOCUMENTS, filled:] = self.pad_id, 0, document
+        self._count_window(filled, trained, first_epoch)
         return window
 
     def take(self, count: int, first: int, keep: int) -> torch.Tensor:
@@ -191,11 +218,17 @@ class ChatSamples(SampleSource):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._epoch, self._position = int(state["epoch"]), int(state["document_position"])
         self._stream, self._pending = None, None
+        self._fill, self._ended = dict.fromkeys(self._fill, 0), None
 
 
-def build_chat_samples(training: Training, tokenizer: Tokenizer, split: str = "train") -> ChatSamples:
-    """The chat samples of `training.dataset_path` (the bundled file of `split` when empty) in windows of
+def build_chat_samples(
+    training: Training, tokenizer: Tokenizer, split: str = "train", held_out: float = 0.0
+) -> ChatSamples:
+    """The chat samples of `training.dataset_path` (the bundled file of `split` when empty; with `held_out`, the
+    share of its rows that `split` reads: data/held_out.py) in windows of
     training.seq_len + 1 tokens, tokenized with `training.chat`'s template; padding is EOS."""
     rows = build_chat_rows(training.dataset_path, training.chat, split)
+    if held_out:  # validation reads this share of the rows, training the others
+        rows = HeldOutRows(rows, held_out, held=split == "validation")
     template = build_chat_template(tokenizer, training.chat.chat_template)
     return ChatSamples(rows, template, training.chat, training.seq_len + 1, tokenizer.eos_id)

@@ -2,7 +2,9 @@
 
 A row is either OpenAI-style messages (`{"messages": [{"role": "user", "content": ...}, ...]}`, multi-turn, with
 system / user / assistant / tool roles; ShareGPT's human / gpt roles are accepted too) or a prompt/completion pair
-(`{"prompt": ..., "completion": ...}`, texts or lists of messages as TRL writes them). The field names are
+(`{"prompt": ..., "completion": ...}`, texts or lists of messages as TRL writes them). OpenAI's tool use is
+understood as it is written: a row's `tools` (the functions offered, for the template to write), assistant turns
+with `tool_calls` (and a null content when they only call), and `tool` turns with the results. The field names are
 `training.chat`'s (messages_field, role_field, content_field, prompt_field, completion_field), as torchtune's and
 axolotl's column maps do it. Every conversation needs an assistant turn; a bad row stops the run with its file and
 line (or dataset row).
@@ -13,19 +15,23 @@ dataset, so a resume seeks without parsing what came before.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from typing import Any
 
-from dtrain.config.schema import Chat
-from dtrain.data.chat_template import Message
+from dtrain.config.schema_chat import Chat
+from dtrain.data.chat_template import Message, Tools
 from dtrain.data.file_readers import FILE_STRIDE, json_lines
+from dtrain.data.missing_path import missing
 from dtrain.errors import DataError, first_line
 
 ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT's role names (torchtune's ShareGPTToMessages maps them the same way).
 ROLE_ALIASES = {"human": "user", "gpt": "assistant"}
 JSON_LINES = (".jsonl", ".json")
+# A row's field holding its tool definitions (the `tools` of TRL's datasets and OpenAI's requests).
+TOOLS_FIELD = "tools"
 ASSETS = os.path.join(os.path.dirname(__file__), "assets")
 # The bundled arithmetic conversations (training.dataset = chat with no dataset_path): a train and a held-out file.
 BUNDLED = {"train": os.path.join(ASSETS, "chat_arithmetic.jsonl"),
@@ -56,7 +62,7 @@ class JsonLinesRows(ChatRows):
             if not self.files:
                 raise DataError(f"training.dataset_path folder {path!r} holds no .jsonl or .json files")
         else:
-            raise DataError(f"training.dataset_path {path!r} does not exist; give a .jsonl file or a folder of them")
+            raise DataError(f"training.dataset_path {missing(path)}; give a .jsonl file or a folder of them")
         many = len(self.files) > 1
         self.description = f"{len(self.files)} chat files in {path!r}" if many else f"chat file {path!r}"
 
@@ -103,7 +109,7 @@ def build_chat_rows(path: str, chat: Chat, split: str = "train") -> ChatRows:
     if not path:
         return JsonLinesRows(BUNDLED[split])
     if not os.path.exists(path):
-        raise DataError(f"training.dataset_path {path!r} does not exist; datasets are read from local paths only")
+        raise DataError(f"training.dataset_path {missing(path)}; datasets are read from local paths only")
     from dtrain.data.hf_source import _is_saved_dataset
 
     json_lines = os.path.isdir(path) and not _is_saved_dataset(path) or path.endswith(JSON_LINES)
@@ -125,8 +131,14 @@ def _message(value: Any, chat: Chat, where: str) -> Message:
     if role not in ROLES:
         raise DataError(f"{where}: role {value[chat.role_field]!r} is not one of {', '.join(ROLES)}, human, gpt")
     content = value[chat.content_field]
-    if not isinstance(content, str):
-        raise DataError(f"{where}: a {role} message's {chat.content_field!r} is {type(content).__name__}, not text")
+    # OpenAI's format: an assistant turn that only calls tools has a null content (passed on as it is, as
+    # transformers does: templates test it).
+    calls_only = content is None and role == "assistant" and value.get("tool_calls")
+    if not isinstance(content, str) and not calls_only:
+        raise DataError(
+            f"{where}: a {role} message's {chat.content_field!r} is {type(content).__name__}, not text (null only "
+            "in an assistant turn with tool_calls)"
+        )
     # Other keys (reasoning_content, tool_calls, ...) reach the template as they are, as in transformers.
     others = {k: v for k, v in value.items() if k not in (chat.role_field, chat.content_field) and v is not None}
     return {**others, "role": role, "content": content}
@@ -138,6 +150,23 @@ def _messages(value: Any, chat: Chat, where: str, field: str) -> list[Message]:
     if not isinstance(value, list):
         raise DataError(f"{where}: field {field!r} is {type(value).__name__}; expected a list of messages or text")
     return [_message(item, chat, where) for item in value]
+
+
+def row_tools(row: dict[str, Any], where: str) -> Tools:
+    """The row's `tools` (the functions offered to the model, for the template to write), as TRL and OpenAI rows
+    carry them: a list of JSON schemas, or that list as JSON text (Parquet and CSV files hold it so)."""
+    tools = row.get(TOOLS_FIELD)
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError as exc:
+            raise DataError(f"{where}: field {TOOLS_FIELD!r} is text but not JSON ({first_line(exc)})") from None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise DataError(
+            f"{where}: field {TOOLS_FIELD!r} must be a list of tool schemas ({{\"type\": \"function\", "
+            f"\"function\": {{...}}}}), got {type(tools).__name__}"
+        )
+    return tools or None
 
 
 def conversation(row: Any, chat: Chat, where: str) -> list[Message]:

@@ -1,31 +1,14 @@
 """Chat templates: a conversation becomes token ids, and a flag per id saying whether it is a trained target.
 
 `JinjaChatTemplate` renders the model's own template (tokenizer_config.json's `chat_template`, or the
-chat_template.jinja beside it, which transformers prefers) with jinja2 set up as transformers sets it up
-(`transformers.utils.chat_template_utils`): a sandboxed environment with trim_blocks and lstrip_blocks, the
-loopcontrols extension, `raise_exception`, `strftime_now`, a `tojson` that does not escape HTML, and the tokenizer's
-special tokens (bos_token, eos_token, ...) as variables. The text is tokenized without adding special tokens, so
-the ids are those of transformers' `apply_chat_template(messages, tokenize=True)`.
+chat_template.jinja beside it) with jinja2 set up as transformers sets it up, and tokenizes the whole text once
+without adding special tokens, so the ids are those of transformers' `apply_chat_template(messages,
+tokenize=True)`. A token is a target when its characters overlap an assistant span (transformers' assistant
+mask rule); the spans come from `{% generation %}` blocks, or else from rendering prefixes of the conversation
+(docs/fine-tuning.md, "How an answer's tokens are found": the rule, tool calls, and what is refused).
+tests/data/test_chat_template.py checks ids and masks against transformers for Llama 3, Qwen2.5 and Qwen3.
 
-Which characters are the assistant's:
-- a template with `{% generation %}` blocks marks them itself (transformers' `return_assistant_tokens_mask`);
-- otherwise each assistant turn i is found by rendering: its start is the end of messages[:i] rendered with the
-  generation prompt (which must be a prefix of the whole conversation), its end is where the whole conversation
-  and the one whose turn-i content carries one more character first differ, extended over a special token that
-  follows at once (the end-of-turn token, <|eot_id|> or <|im_end|>: the model must learn to stop).
-  Rendering instead of searching for the content survives templates that strip, reformat or wrap the content
-  (Qwen3 adds an empty <think> block to the last turn only). A turn that makes tool calls (`tool_calls`) is found
-  without its calls, and then takes in what the calls change inside it: the calls the template writes after the
-  content (Qwen) or instead of it (Llama 3.1) train with the turn's end-of-turn token, as the assistant's output
-  they are; a template that does not write them, or writes them outside the turn, is refused. Its limits: a
-  template whose rendering of a prefix differs from the start of the whole conversation is refused (one line: add
-  `{% generation %}` or train on all tokens); other text a template writes between the content and its
-  end-of-turn token is not trained.
-The whole text is tokenized once (the ids are transformers'), and a token is a target when its characters overlap
-an assistant span, the rule of transformers' assistant mask; tests/data/test_chat_template.py checks ids and
-masks against transformers for Llama 3, Qwen2.5 and Qwen3 templates, tool calls included.
-
-`PlainChatTemplate` is for tokenizers without a template (the byte tokenizer): BOS, then "User: ...\n" lines and
+`PlainChatTemplate` is for tokenizers without a template (the byte tokenizer): BOS, then "User: ..." lines and
 "Assistant: " followed by the answer and EOS; the answer and its EOS are the targets. It has no way to write tool
 calls, so a turn with `tool_calls` is refused rather than trained without them.
 """
@@ -34,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -51,6 +33,8 @@ from dtrain.errors import DataError, first_line
 logger = logging.getLogger("dtrain")
 
 Message = dict[str, Any]
+# A row's tool definitions (JSON schemas, as OpenAI's `tools` and transformers' apply_chat_template take them).
+Tools = list[dict[str, Any]] | None
 # A character the template never sees otherwise (Unicode private use): appended to an assistant content to find
 # where that content ends in the rendered text.
 CONTENT_MARK = "\ue000"
@@ -69,10 +53,17 @@ class ChatTemplate(ABC):
 
     @abstractmethod
     def tokenize(
-        self, messages: Sequence[Message], where: str, find_targets: bool = True
+        self, messages: Sequence[Message], where: str, find_targets: bool = True, tools: Tools = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The ids of the conversation and which of them are the assistant's (the trained targets); every one
-        without `find_targets` (training on all tokens, where a template's turns need not be found)."""
+        """The ids of the conversation (with the row's `tools` offered to the model, as
+        `apply_chat_template(..., tools=...)` gives them) and which of them are the assistant's (the trained
+        targets); every one without `find_targets` (training on all tokens, where a template's turns need not be
+        found)."""
+
+    @abstractmethod
+    def generation_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """The ids of the conversation followed by the assistant's cue: what the model continues in a chat
+        (`apply_chat_template(..., add_generation_prompt=True)`)."""
 
 
 class PlainChatTemplate(ChatTemplate):
@@ -84,8 +75,13 @@ class PlainChatTemplate(ChatTemplate):
         self.tokenizer = tokenizer
 
     def tokenize(
-        self, messages: Sequence[Message], where: str, find_targets: bool = True
+        self, messages: Sequence[Message], where: str, find_targets: bool = True, tools: Tools = None
     ) -> tuple[np.ndarray, np.ndarray]:
+        if tools:
+            raise DataError(
+                f"{where} offers tools, which the plain chat template cannot write; use a Hugging Face tokenizer "
+                "whose chat template writes them (training.chat.chat_template)"
+            )
         ids, targets = [self.tokenizer.bos_id], [not find_targets]
         for message in messages:
             role, content = message["role"], message["content"]
@@ -104,6 +100,10 @@ class PlainChatTemplate(ChatTemplate):
                 ids += line
                 targets += [not find_targets] * len(line)
         return np.asarray(ids, dtype=np.int64), np.asarray(targets, dtype=bool)
+
+    def generation_prompt(self, messages: Sequence[Message]) -> list[int]:
+        ids = self.tokenize(messages, "the conversation", find_targets=False)[0].tolist()
+        return ids + self.tokenizer.encode("Assistant: ")
 
 
 def _environment() -> Any:
@@ -186,14 +186,25 @@ class JinjaChatTemplate(ChatTemplate):
         except jinja2.TemplateSyntaxError as exc:
             raise DataError(f"chat template {origin} does not compile: line {exc.lineno}: {exc.message}") from None
         self.marks_generation = GENERATION_TAG.search(source) is not None
+        # A bundled template that writes what this one writes, with {% generation %} blocks (bundled_templates.py).
+        self.marked: JinjaChatTemplate | None = None
+        self._describe()
+
+    def _describe(self) -> None:
         how = "{% generation %} blocks" if self.marks_generation else "rendering each turn's prefix"
-        self.description = f"chat template {origin} (assistant tokens found by {how})"
+        if self.marked is not None:
+            how = f"the {{% generation %}} blocks of the bundled {self.marked.origin}, which writes the same"
+        self.description = f"chat template {self.origin} (assistant tokens found by {how})"
+
+    def use_marked(self, marked: JinjaChatTemplate) -> None:
+        self.marked = marked
+        self._describe()
 
     def render(self, messages: Sequence[Message], where: str, add_generation_prompt: bool = False,
-               spans: list[tuple[int, int]] | None = None) -> str:
+               spans: list[tuple[int, int]] | None = None, tools: Tools = None) -> str:
         """The template's text for `messages`; with `spans`, the {% generation %} blocks' spans are appended to it."""
         context = {
-            **self.variables, "messages": list(messages), "tools": None, "documents": None,
+            **self.variables, "messages": list(messages), "tools": tools, "documents": None,
             "add_generation_prompt": add_generation_prompt,
         }
         try:
@@ -207,13 +218,15 @@ class JinjaChatTemplate(ChatTemplate):
         except Exception as exc:  # jinja2's errors, and whatever a template's own expressions raise (TypeError, ...)
             raise DataError(f"chat template {self.origin} does not render {where}: {first_line(exc)}") from None
 
-    def _assistant_spans(self, messages: Sequence[Message], text: str, where: str) -> list[tuple[int, int]]:
+    def _assistant_spans(
+        self, messages: Sequence[Message], text: str, where: str, tools: Tools
+    ) -> list[tuple[int, int]]:
         """The character spans of the assistant turns in `text`, the rendering of `messages` (see the module doc)."""
         spans = []
         for index, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            prefix = self.render(messages[:index], where, add_generation_prompt=True)
+            prefix = self.render(messages[:index], where, add_generation_prompt=True, tools=tools)
             if not text.startswith(prefix):
                 raise DataError(
                     f"chat template {self.origin} renders the start of {where} differently from the whole "
@@ -221,17 +234,19 @@ class JinjaChatTemplate(ChatTemplate):
                     "blocks or set training.chat.train_on_input = true"
                 )
             if message.get("tool_calls"):
-                end = self._tool_calls_end(messages, index, text, len(prefix), where)
+                end = self._tool_calls_end(messages, index, text, len(prefix), where, tools)
             else:
-                end = self._content_end(messages, index, text, len(prefix), where)
+                end = self._content_end(messages, index, text, len(prefix), where, tools)
             spans.append((len(prefix), self._past_end_of_turn(text, end)))
         return spans
 
-    def _content_end(self, messages: Sequence[Message], index: int, text: str, start: int, where: str) -> int:
+    def _content_end(
+        self, messages: Sequence[Message], index: int, text: str, start: int, where: str, tools: Tools
+    ) -> int:
         """Where the content of messages[index], an assistant turn starting at `start` of `text`, ends."""
         marked = list(messages)
         marked[index] = {**messages[index], "content": messages[index]["content"] + CONTENT_MARK}
-        other = self.render(marked, where)
+        other = self.render(marked, where, tools=tools)
         end = next((i for i, (a, b) in enumerate(zip(text, other)) if a != b), len(text))
         if CONTENT_MARK not in other[end:] or not other.endswith(text[end:]) or end < start:
             raise DataError(
@@ -245,14 +260,17 @@ class JinjaChatTemplate(ChatTemplate):
         # The end-of-turn token right after the answer is the model's to predict.
         return end + next((len(t) for t in self.special_tokens if text.startswith(t, end)), 0)
 
-    def _tool_calls_end(self, messages: Sequence[Message], index: int, text: str, start: int, where: str) -> int:
+    def _tool_calls_end(
+        self, messages: Sequence[Message], index: int, text: str, start: int, where: str, tools: Tools
+    ) -> int:
         """Where the tool calls of messages[index], an assistant turn starting at `start` of `text`, end. Templates
         write them after the content (Qwen) or instead of it (Llama 3.1), before the end-of-turn token: they are
         the model's output as much as an answer. So the content is found without the calls, and the calls must be
         what changes from the turn's start to the content's end (anything else would leave them untrained, or
         train text that is not the assistant's)."""
-        without, plain = self._render_without_calls(messages, index, text, where)
-        content_end = self._content_end(without, index, plain, start, where)
+        without, plain = self._render_without_calls(messages, index, text, where, tools)
+        # `plain` is another text than `text`: where its content ends is checked against the turn's start below.
+        content_end = self._content_end(without, index, plain, 0, where, tools)
         # Both renderings start alike up to the turn's start (the prefix); the rest of `plain` after the content
         # must end `text` too, so that all that the calls change lies in between.
         rest = plain[content_end:]
@@ -265,14 +283,14 @@ class JinjaChatTemplate(ChatTemplate):
         return len(text) - len(rest)
 
     def _check_calls_marked(
-        self, messages: Sequence[Message], text: str, spans: list[tuple[int, int]], where: str
+        self, messages: Sequence[Message], text: str, spans: list[tuple[int, int]], where: str, tools: Tools
     ) -> None:
         """A {% generation %} template marks what trains; tool calls it writes outside its blocks would train
         nothing, without a word, so they are refused."""
         for index, message in enumerate(messages):
             if message["role"] != "assistant" or not message.get("tool_calls"):
                 continue
-            plain = self._render_without_calls(messages, index, text, where)[1]
+            plain = self._render_without_calls(messages, index, text, where, tools)[1]
             # Inside a block: `text` outside it, before and after, is also the start and the end of `plain`.
             inside = (
                 text[:start] == plain[:start] and plain.endswith(text[end:]) and len(text) - end <= len(plain) - start
@@ -285,13 +303,15 @@ class JinjaChatTemplate(ChatTemplate):
                 )
 
     def _render_without_calls(
-        self, messages: Sequence[Message], index: int, text: str, where: str
+        self, messages: Sequence[Message], index: int, text: str, where: str, tools: Tools
     ) -> tuple[list[Message], str]:
-        """`messages` without the tool_calls of messages[index], and their rendering, which must differ from `text`
-        (the rendering with them): a template that ignores the calls would drop them from the data."""
+        """`messages` without the tool_calls of messages[index] (a null content, which OpenAI's format gives a
+        turn of calls only, made empty: a turn without calls has text), and their rendering, which must differ
+        from `text` (the rendering with them): a template that ignores the calls would drop them from the data."""
         without = list(messages)
-        without[index] = {k: v for k, v in messages[index].items() if k != "tool_calls"}
-        plain = self.render(without, where)
+        turn = {k: v for k, v in messages[index].items() if k != "tool_calls"}
+        without[index] = {**turn, "content": turn["content"] or ""}
+        plain = self.render(without, where, tools=tools)
         if plain == text:
             raise DataError(
                 f"chat template {self.origin} does not write the tool_calls of {where}, so they would not be "
@@ -300,30 +320,53 @@ class JinjaChatTemplate(ChatTemplate):
         return without, plain
 
     def tokenize(
-        self, messages: Sequence[Message], where: str, find_targets: bool = True
+        self, messages: Sequence[Message], where: str, find_targets: bool = True, tools: Tools = None
     ) -> tuple[np.ndarray, np.ndarray]:
         for message in messages:
-            if CONTENT_MARK in message["content"]:
+            if CONTENT_MARK in (message["content"] or ""):
                 raise DataError(f"{where} holds the private-use character U+E000, which marks contents; remove it")
         messages = [_with_reasoning_aliases(message) for message in messages]
         if not find_targets:
-            text = self.render(messages, where)
+            text = self.render(messages, where, tools=tools)
             spans = [(0, len(text))]
         elif self.marks_generation:
             spans = []
-            text = self.render(messages, where, spans=spans)
-            self._check_calls_marked(messages, text, spans, where)
+            text = self.render(messages, where, spans=spans, tools=tools)
+            self._check_calls_marked(messages, text, spans, where, tools)
         else:
-            text = self.render(messages, where)
-            spans = self._assistant_spans(messages, text, where)
+            text = self.render(messages, where, tools=tools)
+            spans = self._marked_spans(messages, text, where, tools)
+            if spans is None:
+                spans = self._assistant_spans(messages, text, where, tools)
         # The whole text at once, as transformers tokenizes it; a token is a target when its characters overlap an
         # assistant span (transformers' char_to_token rule for its assistant mask).
-        encoding = self._rust_tokenizer.encode_batch([text], add_special_tokens=False)[0]
+        encoding = self._encode(text)
         offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
         targets = np.zeros(len(offsets), dtype=bool)
         for start, end in spans:
             targets |= (offsets[:, 0] < end) & (offsets[:, 1] > start)
         return np.asarray(encoding.ids, dtype=np.int64), targets
+
+    def _marked_spans(
+        self, messages: Sequence[Message], text: str, where: str, tools: Tools
+    ) -> list[tuple[int, int]] | None:
+        """The assistant spans the bundled template marks, when it writes `text` for this row too (it wrote what
+        this template writes for the probes; a row may still reach a branch where they differ: None then)."""
+        if self.marked is None:
+            return None
+        spans: list[tuple[int, int]] = []
+        try:
+            marked_text = self.marked.render(messages, where, spans=spans, tools=tools)
+        except DataError:
+            return None
+        return spans if marked_text == text else None
+
+    def _encode(self, text: str) -> Any:
+        return self._rust_tokenizer.encode_batch([text], add_special_tokens=False)[0]
+
+    def generation_prompt(self, messages: Sequence[Message]) -> list[int]:
+        messages = [_with_reasoning_aliases(message) for message in messages]
+        return self._encode(self.render(messages, "the conversation", add_generation_prompt=True)).ids
 
 
 def _with_reasoning_aliases(message: Message) -> Message:
@@ -333,64 +376,3 @@ def _with_reasoning_aliases(message: Message) -> Message:
     if reasoning is None:
         return message
     return {"thinking": reasoning, **message, "reasoning_content": reasoning}
-
-
-def _template_source(folder: str, config: dict[str, Any], config_file: str) -> tuple[str, str] | None:
-    """(template text, where it came from) of a tokenizer folder, or None when it has none. chat_template.jinja
-    wins over tokenizer_config.json's chat_template, as in transformers; a list of named templates gives its
-    "default"."""
-    jinja_file = os.path.join(folder, "chat_template.jinja")
-    if os.path.isfile(jinja_file):
-        with open(jinja_file, encoding="utf-8") as f:
-            return f.read(), jinja_file
-    template = config.get("chat_template")
-    if isinstance(template, list):
-        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
-        template = named.get("default")
-        if template is None:
-            raise DataError(f"{config_file} lists chat templates {', '.join(map(str, named))} but no 'default' one")
-    if template is None:
-        return None
-    if not isinstance(template, str):
-        raise DataError(f"{config_file} chat_template must be a string, got {type(template).__name__}")
-    return template, f"{config_file} chat_template"
-
-
-def build_chat_template(tokenizer: Tokenizer, chat_template: str = "") -> ChatTemplate:
-    """The template `training.chat.chat_template` asks for: "" the tokenizer's own (plain when it has none),
-    "plain", or a .jinja file (which needs a Hugging Face tokenizer). Says which in one log line."""
-    from dtrain.data.hf_tokenizer import SPECIAL_TOKEN_KEYS, read_tokenizer_config, token_content
-
-    if chat_template == PLAIN:
-        logger.info("chat data: the plain template (training.chat.chat_template = plain)")
-        return PlainChatTemplate(tokenizer)
-    if tokenizer.kind != "hf":
-        if chat_template:
-            raise DataError(
-                f"training.chat.chat_template {chat_template!r} needs a Hugging Face tokenizer (tokenizer.json) that "
-                f"maps its special tokens' text to ids; model.tokenizer is {tokenizer.kind}: use chat_template = plain"
-            )
-        logger.info("chat data: the plain template (the %s tokenizer has no chat template)", tokenizer.kind)
-        return PlainChatTemplate(tokenizer)
-    config_file, config = read_tokenizer_config(tokenizer.path)
-    if chat_template:
-        if not os.path.isfile(chat_template):
-            raise DataError(f"training.chat.chat_template {chat_template!r} is not a file; give a .jinja file, "
-                            "plain, or leave it empty for the tokenizer's own")
-        with open(chat_template, encoding="utf-8") as f:
-            found: tuple[str, str] | None = (f.read(), chat_template)
-    else:
-        found = _template_source(os.path.dirname(tokenizer.path), config, config_file)
-    if found is None:
-        logger.info("chat data: the plain template (%s has no chat_template)", config_file)
-        return PlainChatTemplate(tokenizer)
-    variables = {}
-    for key in SPECIAL_TOKEN_KEYS:
-        content = token_content(config.get(key), f"{config_file} {key}")
-        if content is not None:
-            variables[key] = content
-    decoder = config.get("added_tokens_decoder") or {}
-    special = [entry.get("content") for entry in decoder.values() if isinstance(entry, dict) and entry.get("special")]
-    template = JinjaChatTemplate(found[0], found[1], tokenizer, variables, [*special, *variables.values()])
-    logger.info("chat data: %s", template.description)
-    return template

@@ -22,6 +22,7 @@ from dtrain.config.schema import Training
 from dtrain.data.background import Prefetcher
 from dtrain.data.chat_packing import build_chat_samples, chat_batch
 from dtrain.data.mixture import Interleave, source_names
+from dtrain.data.preference_samples import build_preference_samples, preference_batch
 from dtrain.data.samples import PackedSamples, SampleSource, TokenSamples
 from dtrain.data.source_factory import build_source
 from dtrain.data.sources import DocumentSource
@@ -83,6 +84,8 @@ class _Batches:
         self.sequences += self.dp_size * self.local_batch_size
         if windows.dim() == 3:  # chat windows carry their targets and documents (chat_packing.py)
             batch = chat_batch(windows, document_masking=self.bos_id is not None)
+        elif windows.dim() == 4:  # preference pairs: a chosen and a rejected sequence each (preference_samples.py)
+            batch = preference_batch(windows)
         else:
             batch = {"input_ids": windows[:, :-1].contiguous(), "labels": windows[:, 1:].contiguous()}
         if owners is not None:  # a mixture: each label's source, for the step's per-source loss (source_loss.py)
@@ -276,13 +279,17 @@ class DataLoader:
 
 
 def build_sample_source(
-    training: Training, tokenizer: Tokenizer, *, seed: int, split: str = "train", key: str = "training", index: int = 0
+    training: Training, tokenizer: Tokenizer, *, seed: int, split: str = "train", key: str = "training", index: int = 0,
+    held_out: float = 0.0,
 ) -> Source:
     """The source of `training.dataset` (not a mixture): a pre-tokenized dataset's samples, or a document source
     that holds at least one document (else DataError now, rather than at the first step). `key` is the config
-    section named in errors; `index` tells a mixture's pre-tokenized datasets' orders apart."""
+    section named in errors; `index` tells a mixture's pre-tokenized datasets' orders apart; `held_out` is the
+    share of a chat dataset's rows that validation holds out (run/validation.py's `held_out_fraction`)."""
     if training.dataset == "chat":
-        return build_chat_samples(training, tokenizer, split)
+        return build_chat_samples(training, tokenizer, split, held_out)
+    if training.dataset == "preference":
+        return build_preference_samples(training, tokenizer)
     if training.dataset == "tokens":
         shards = TokenShards(training.dataset_path, tokenizer, key=f"{key}.dataset_path")
         shuffle = (seed, "tokens", index) if training.dataset_shuffle else None
@@ -294,12 +301,12 @@ def build_sample_source(
 
 
 def build_sample_sources(
-    training: Training, tokenizer: Tokenizer, *, seed: int
+    training: Training, tokenizer: Tokenizer, *, seed: int, held_out: float = 0.0
 ) -> tuple[list[Source], list[float] | None, list[str] | None]:
     """The sources of `training.dataset`, or of each entry of its `dataset_mixture` with their weights and names
     (None for one source)."""
     if training.dataset != "mixture":
-        return [build_sample_source(training, tokenizer, seed=seed)], None, None
+        return [build_sample_source(training, tokenizer, seed=seed, held_out=held_out)], None, None
     entries = parse_mixture(training.dataset_mixture, MIXABLE_KINDS)
     sources = [
         build_sample_source(replace(training, dataset=entry.kind, dataset_path=entry.path), tokenizer, seed=seed,
@@ -317,10 +324,13 @@ def check_training_data(training: Training, tokenizer: Tokenizer, *, seed: int) 
     build_sample_sources(training, tokenizer, seed=seed)
 
 
-def build_dataloader(training: Training, tokenizer: Tokenizer, dp_rank: int, dp_size: int, *, seed: int) -> DataLoader:
+def build_dataloader(
+    training: Training, tokenizer: Tokenizer, dp_rank: int, dp_size: int, *, seed: int, held_out: float = 0.0
+) -> DataLoader:
     """The data loader of `training.dataset` (or of its `dataset_mixture`) for data-parallel rank `dp_rank` of
-    `dp_size`. `seed` (debug.seed) drives the synthetic source and the order of pre-tokenized samples."""
-    sources, weights, names = build_sample_sources(training, tokenizer, seed=seed)
+    `dp_size`. `seed` (debug.seed) drives the synthetic source and the order of pre-tokenized samples; `held_out`
+    leaves out the chat rows validation holds out."""
+    sources, weights, names = build_sample_sources(training, tokenizer, seed=seed, held_out=held_out)
     return DataLoader(
         sources,
         tokenizer,

@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from dtrain.data.missing_path import missing
 from dtrain.data.sources import Document, DocumentSource
 from dtrain.errors import DataError, first_line
 
@@ -74,7 +75,7 @@ class HFSource(DocumentSource):
             else:
                 fetch = "save one with datasets' save_to_disk, or fetch c4 with scripts/download_hf_assets.py"
             raise DataError(
-                f"training.dataset_path {path!r} does not exist; datasets are read from local paths only: "
+                f"training.dataset_path {missing(path)}; datasets are read from local paths only: "
                 f"{fetch}, or set training.dataset_path"
             )
         self._datasets = _import_datasets(kind)

@@ -18,6 +18,7 @@ from typing import Union
 import numpy as np
 
 from dtrain.data.file_readers import FILE_STRIDE, SUPPORTED_SUFFIXES, read_file_documents
+from dtrain.data.missing_path import missing
 from dtrain.errors import DataError
 
 Document = Union[str, Sequence[int], np.ndarray]
@@ -135,7 +136,7 @@ def _data_files(path: str) -> list[str]:
             raise DataError(f"training.dataset_path {path!r} is not a supported file; use one of {valid}")
         return [path]
     if not os.path.isdir(path):
-        raise DataError(f"training.dataset_path {path!r} does not exist; give a file or folder of {valid}")
+        raise DataError(f"training.dataset_path {missing(path)}; give a file or folder of {valid}")
     found = []
     for folder, subfolders, names in os.walk(path):
         subfolders[:] = [s for s in subfolders if not s.startswith(".")]

@@ -15,14 +15,13 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 import numpy as np
 
-from dtrain.data.file_readers import SUPPORTED_SUFFIXES
 from dtrain.data.packing import tokenized_passes
-from dtrain.data.sources import BuiltinSource, Document, DocumentSource, FilesSource
+from dtrain.data.sources import DocumentSource
 from dtrain.data.token_shards import (
     FORMAT,
     MANIFEST_NAME,
@@ -39,13 +38,6 @@ from dtrain.reliability.durable import fsync_path
 
 # A shard of this many tokens is 256 MiB in uint16: few files for a large corpus, little to redo after a crash.
 DEFAULT_SHARD_TOKENS = 2**27
-INPUT_KINDS = ("auto", "files", "hf", "builtin")
-# Files that mark a folder as a Hugging Face dataset (save_to_disk) rather than a folder of data files.
-HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
-# Single files that only `datasets` reads (FilesSource reads SUPPORTED_SUFFIXES).
-HF_FILE_SUFFIXES = (".arrow", ".csv", ".json.gz", ".jsonl.gz")
-# Position i * SOURCE_STRIDE + p of several inputs is position p of input i: room for any position of one input.
-SOURCE_STRIDE = 1 << 64
 # Tokens converted and written at a time: the writer's memory stays small, whatever shard_tokens is.
 WRITE_CHUNK_TOKENS = 1 << 20
 # Groups of documents each worker keeps ready (workers.TokenizerPool's prefetch_factor).
@@ -67,79 +59,6 @@ def command_line_message(message: str) -> str:
     for key, argument in COMMAND_LINE_NAMES.items():
         message = message.replace(key, argument)
     return message
-
-
-class ConcatSource(DocumentSource):
-    """Several sources read one after the other: position `i * SOURCE_STRIDE + p` is position `p` of source `i`, so
-    `documents(start)` seeks inside the source it lands in and skips the ones before it unread."""
-
-    def __init__(self, sources: Sequence[DocumentSource]):
-        self.sources = list(sources)
-        self.description = f"{len(self.sources)} inputs ({'; '.join(s.description for s in self.sources)})"
-
-    def documents(self, start: int = 0) -> Iterator[tuple[int, Document]]:
-        first = start // SOURCE_STRIDE
-        for index in range(first, len(self.sources)):
-            inner = start - index * SOURCE_STRIDE if index == first else 0
-            for position, document in self.sources[index].documents(inner):
-                yield index * SOURCE_STRIDE + position, document
-
-
-def _input_kind(path: str, kind: str) -> str:
-    """The kind of one `--input` path: `kind` itself unless it is auto."""
-    if kind not in INPUT_KINDS:
-        raise DataError(f"--kind {kind!r} is not one of {', '.join(INPUT_KINDS)}")
-    if kind == "builtin" or (kind == "auto" and path == "builtin"):
-        if path != "builtin":
-            raise DataError(f"--kind builtin reads the built-in corpus: give --input builtin, not {path!r}")
-        return "builtin"
-    if not os.path.exists(path):
-        raise DataError(
-            f"--input {path!r} does not exist; give a file or folder of {', '.join(SUPPORTED_SUFFIXES)} files, a "
-            "local Hugging Face dataset (a save_to_disk folder), or builtin"
-        )
-    if kind != "auto":
-        return kind
-    if os.path.isdir(path) and any(os.path.isfile(os.path.join(path, m)) for m in HF_MARKERS):
-        return "hf"
-    return "hf" if os.path.isfile(path) and path.endswith(HF_FILE_SUFFIXES) else "files"
-
-
-def _open_one(path: str, kind: str, text_field: str) -> DocumentSource:
-    if kind == "builtin":
-        return BuiltinSource()
-    if kind == "hf":
-        from dtrain.data.hf_source import HFSource
-
-        return HFSource(path, text_field, "hf")
-    return FilesSource(path, text_field)
-
-
-def open_input(
-    paths: str | Sequence[str], kind: str = "auto", text_field: str = "text"
-) -> tuple[DocumentSource, dict[str, Any]]:
-    """The document source of `--input` and what the manifest records of it (a resumed run must match it).
-
-    One path reads as its kind's source, with that source's positions. Several paths (all of one kind) are read one
-    after the other (ConcatSource); the manifest's `input.path` is then the list of them. `builtin` stands alone.
-    """
-    paths = [paths] if isinstance(paths, str) else list(paths)
-    if not paths:
-        raise DataError("--input needs a path: a file or folder of data files, a local Hugging Face dataset or builtin")
-    kinds = [_input_kind(path, kind) for path in paths]
-    if len(paths) > 1 and "builtin" in kinds:
-        raise DataError("--input builtin is a corpus of its own: give it alone, without other paths")
-    if len(set(kinds)) > 1:
-        shown = ", ".join(f"{path!r} is {k}" for path, k in zip(paths, kinds))
-        raise DataError(f"--input paths must be of one kind ({shown}); tokenize each kind into its own folder")
-    sources = [_open_one(path, k, text_field) for path, k in zip(paths, kinds)]
-    where: str | list[str] = [os.path.abspath(path) for path in paths]
-    if kinds[0] == "builtin":
-        where = "builtin"
-    elif len(paths) == 1:
-        where = where[0]
-    source = sources[0] if len(sources) == 1 else ConcatSource(sources)
-    return source, {"path": where, "kind": kinds[0], "text_field": None if kinds[0] == "builtin" else text_field}
 
 
 class Progress:
@@ -374,12 +293,7 @@ def tokenize_corpus(
     own when resuming, else DEFAULT_SHARD_TOKENS. On KeyboardInterrupt the workers are stopped and the folder is
     left resumable.
     """
-    if source.endless:
-        raise DataError(f"{source.description} never ends: only a finite corpus can be tokenized into shards")
-    if workers < 0:
-        raise DataError(f"--workers must be 0 (tokenize in this process) or more, got {workers}")
-    if shard_tokens is not None and shard_tokens < 1:
-        raise DataError(f"--shard_tokens must be at least 1, got {shard_tokens}")
+    _check_arguments(source, workers, shard_tokens)
     identity = tokenizer_identity(tokenizer)
     manifest = _existing_manifest(folder, identity, source_info, shard_tokens)
     if manifest is not None and manifest["complete"]:
@@ -389,23 +303,57 @@ def tokenize_corpus(
         manifest = _new_manifest(identity, source_info, shard_tokens or DEFAULT_SHARD_TOKENS)
     else:
         _prepare_resume(folder, manifest)
-    shard_size = manifest.setdefault("shard_tokens", shard_tokens or DEFAULT_SHARD_TOKENS)
+    manifest.setdefault("shard_tokens", shard_tokens or DEFAULT_SHARD_TOKENS)
     progress = progress or Progress(enabled=False)
     progress.start(manifest["num_documents"], manifest["num_tokens"], len(manifest["shards"]))
-    dtype = np.dtype(manifest["dtype"])
     pool = TokenizerPool(source, tokenizer, workers, PREFETCH_GROUPS) if workers > 0 else None
+    try:
+        written = _write_shards(_one_pass(source, tokenizer, manifest["input"]["next_position"], pool), folder,
+                                manifest, written, progress)
+        if not written:  # a source empty from the start (sources raise for that themselves; this is the backstop)
+            raise DataError(f"{source.description} holds no documents: nothing to tokenize")
+        manifest["complete"] = True
+        _write_manifest(folder, manifest)
+    except OSError as exc:  # the sources raise DataError for what they cannot read: this is the output
+        raise DataError(
+            f"--output {folder!r}: cannot write {exc.filename or 'a file'!r} ({exc.strerror or first_line(exc)}); "
+            "make room or choose a writable folder, then run the same command again to resume"
+        ) from exc
+    finally:
+        if pool is not None:
+            pool.close()
+    progress.finish()
+    return manifest
+
+
+def _check_arguments(source: DocumentSource, workers: int, shard_tokens: int | None) -> None:
+    if source.endless:
+        raise DataError(f"{source.description} never ends: only a finite corpus can be tokenized into shards")
+    if workers < 0:
+        raise DataError(f"--workers must be 0 (tokenize in this process) or more, got {workers}")
+    if shard_tokens is not None and shard_tokens < 1:
+        raise DataError(f"--shard_tokens must be at least 1, got {shard_tokens}")
+
+
+def _write_shards(
+    documents: Iterator[tuple[int, np.ndarray]], folder: str, manifest: dict[str, Any], written: bool,
+    progress: Progress,
+) -> bool:
+    """Stream `documents` into shards of the manifest's size, committing each; whether the folder now exists. The
+    folder is made, with its manifest, only once there is something to write; a shard cut short is discarded."""
+    dtype, vocab_size = np.dtype(manifest["dtype"]), manifest["tokenizer"]["vocab_size"]
     writer: _ShardWriter | None = None
     try:
-        for position, tokens in _one_pass(source, tokenizer, manifest["input"]["next_position"], pool):
+        for position, tokens in documents:
             if writer is None:
-                if not written:  # the folder is made, with its manifest, only once there is something to write
+                if not written:
                     os.makedirs(folder, exist_ok=True)
                     _write_manifest(folder, manifest)
                     written = True
-                writer = _ShardWriter(folder, len(manifest["shards"]), dtype, identity["vocab_size"])
+                writer = _ShardWriter(folder, len(manifest["shards"]), dtype, vocab_size)
             writer.add(tokens)
             progress.update(1, len(tokens))
-            if writer.num_tokens >= shard_size:
+            if writer.num_tokens >= manifest["shard_tokens"]:
                 _add_shard(folder, manifest, writer.commit(), position + 1)
                 writer = None
                 progress.shard()
@@ -413,24 +361,11 @@ def tokenize_corpus(
             _add_shard(folder, manifest, writer.commit(), position + 1)
             writer = None
             progress.shard()
-        if not written:  # a source empty from the start (sources raise for that themselves; this is the backstop)
-            raise DataError(f"{source.description} holds no documents: nothing to tokenize")
-        manifest["complete"] = True
-        _write_manifest(folder, manifest)
-    except BaseException as exc:
+    except BaseException:
         if writer is not None:
             writer.discard()
-        if isinstance(exc, OSError):  # the sources raise DataError for what they cannot read: this is the output
-            raise DataError(
-                f"--output {folder!r}: cannot write {exc.filename or 'a file'!r} ({exc.strerror or first_line(exc)}); "
-                "make room or choose a writable folder, then run the same command again to resume"
-            ) from exc
         raise
-    finally:
-        if pool is not None:
-            pool.close()
-    progress.finish()
-    return manifest
+    return written
 
 
 def _add_shard(folder: str, manifest: dict[str, Any], shard: dict[str, Any], next_position: int) -> None:
@@ -442,90 +377,3 @@ def _add_shard(folder: str, manifest: dict[str, Any], shard: dict[str, Any], nex
     _write_manifest(folder, manifest)
 
 
-# Bytes read at a time by verify (a multiple of every token size).
-VERIFY_BLOCK_BYTES = 1 << 24
-
-
-def verify(folder: str) -> str:
-    """Re-read every byte of the dataset in `folder`: checksums, sizes, ids inside the vocabulary, document
-    boundaries (offsets from 0 to the shard's size, BOS at every start, EOS before every end) and totals.
-    Returns a one-line summary; DataError naming the first problem."""
-    manifest = read_manifest(folder, "--verify")
-    try:
-        return _verify(folder, manifest)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise DataError(
-            f"--verify {folder!r}: {MANIFEST_NAME} is malformed ({type(exc).__name__}: {first_line(exc)}); "
-            "tokenize it again"
-        ) from None
-
-
-def _verify(folder: str, manifest: dict[str, Any]) -> str:
-    if not manifest["complete"]:
-        raise DataError(
-            f"--verify {folder!r} is incomplete ({len(manifest['shards'])} shard(s) so far): its tokenization was "
-            "interrupted; run the same tokenize command again to finish it"
-        )
-    tokenizer = manifest["tokenizer"]
-    vocab_size, bos, eos = int(tokenizer["vocab_size"]), int(tokenizer["bos_id"]), int(tokenizer["eos_id"])
-    if manifest["dtype"] != token_dtype(vocab_size).name:
-        raise DataError(
-            f"--verify {folder!r}: dtype {manifest['dtype']!r} is not the one for a vocabulary of {vocab_size}"
-        )
-    dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
-    total_tokens = total_documents = 0
-    for shard in manifest["shards"]:
-        where = f"--verify {folder!r}: shard {shard['tokens']}"
-        path, size = os.path.join(folder, shard["tokens"]), int(shard["num_tokens"]) * dtype.itemsize
-        if not os.path.isfile(path) or os.path.getsize(path) != size:
-            found = "missing" if not os.path.isfile(path) else f"{os.path.getsize(path)} bytes"
-            raise DataError(
-                f"{where} is {found}, its manifest says {size} bytes; the folder is damaged: tokenize it again"
-            )
-        digest, highest = hashlib.sha256(), -1
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(VERIFY_BLOCK_BYTES), b""):
-                digest.update(block)
-                highest = max(highest, int(np.frombuffer(block, dtype=dtype).max()))
-        if digest.hexdigest() != shard["sha256"]:
-            raise DataError(f"{where} does not match its checksum: the file is damaged; tokenize it again")
-        if highest >= vocab_size:
-            raise DataError(f"{where} holds id {highest}, outside the tokenizer's vocabulary of {vocab_size}")
-        offsets = _read_offsets(folder, shard, where)
-        tokens = np.memmap(path, dtype=dtype, mode="r")
-        if np.any(tokens[offsets[:-1]] != bos) or np.any(tokens[offsets[1:] - 1] != eos):
-            raise DataError(f"{where}: a document does not start with BOS {bos} or end with EOS {eos}")
-        total_tokens += int(shard["num_tokens"])
-        total_documents += int(shard["num_documents"])
-    if (total_tokens, total_documents) != (manifest["num_tokens"], manifest["num_documents"]):
-        raise DataError(
-            f"--verify {folder!r}: the shards hold {total_tokens:,} tokens and {total_documents:,} documents, "
-            f"{MANIFEST_NAME} says {manifest['num_tokens']:,} and {manifest['num_documents']:,}"
-        )
-    return (
-        f"{folder}: OK, {len(manifest['shards'])} shard(s), {total_documents:,} documents, {total_tokens:,} tokens "
-        f"({manifest['dtype']}, {tokenizer['kind']} tokenizer, vocab {vocab_size})"
-    )
-
-
-def _read_offsets(folder: str, shard: dict[str, Any], where: str) -> np.ndarray:
-    """A shard's document offsets, checked: int64[num_documents + 1] from 0 to num_tokens, each document holding at
-    least its BOS and EOS."""
-    path = os.path.join(folder, shard["offsets"])
-    try:
-        offsets = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{where}: cannot read {shard['offsets']} ({first_line(exc)}); tokenize it again") from None
-    if (
-        offsets.dtype != np.int64
-        or offsets.ndim != 1
-        or len(offsets) != int(shard["num_documents"]) + 1
-        or offsets[0] != 0
-        or offsets[-1] != int(shard["num_tokens"])
-        or np.any(np.diff(offsets) < 2)
-    ):
-        raise DataError(
-            f"{where}: {shard['offsets']} does not describe its {shard['num_documents']} documents (int64 offsets "
-            "from 0 to the shard's size, at least BOS and EOS each); tokenize it again"
-        )
-    return offsets

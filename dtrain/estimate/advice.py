@@ -1,23 +1,8 @@
 """When a layout does not fit: the changes that would make it fit, each re-estimated.
 
-A change is the `--section.key VALUE` flags a user appends to the same command (later flags win, as run_train.sh
-takes them). Each is estimated by loading the command's own flags plus the change's, so the figure printed for it
-is the estimate of exactly the config those flags give, not a scaled guess. Changes tried, those that apply:
-
-- activation checkpointing: selective by op, selective every 2nd block, full (recomputation is in the step time);
-- smaller microbatches with gradient accumulation, the global batch kept;
-- under a pipeline, smaller pipeline microbatches;
-- FSDP over the replicas too (HSDP or DDP to FSDP), and resharding after forward where it is off;
-- tensor parallel within a node, context parallel, pipeline parallel (2, 4, 8), FSDP over the ranks left and the
-  global batch kept (so steps stay comparable); of a degree, or a microbatch size, only the first that fits (the
-  higher ones save more memory at more time);
-- Adam's moments in 8 or 4 bits (torchao);
-- FSDP's CPU offload (GPU profiles).
-
-float8 and MX training are not tried: the estimator does not model their memory. When no change alone fits, the
-closest is combined with each other compatible one, for up to three changes together. The ones that fit are listed
-fastest first by their estimated step time, except that those whose cost the step time does not show come last:
-low-bit moments (a numerics trade) and CPU offload (host transfers and the CPU optimizer step are not modelled).
+A change is the `--section.key VALUE` flags a user appends to the same command; each is estimated by loading the
+command's own flags plus the change's, so its figure is that config's estimate, not a scaled guess. Which changes
+are tried, how they combine and their order: docs/planning.md, "When it does not fit: the changes that would".
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """Communication per step on one rank, by collective and mesh dimension, from the layout and the model's shapes.
 
-Bytes are what one rank sends per optimizer step (the ring algorithms' volume: (n-1)/n of the data for an
-all-gather, reduce-scatter or all-to-all, 2(n-1)/n for an all-reduce; docs/collectives.md). Per microbatch of the
-step (gradient accumulation x pipeline microbatches):
-
-- FSDP over dp_shard (x cp): an all-gather of the unsharded parameters in the compute dtype for forward, another
-  for backward (parameters are freed after forward), and a reduce-scatter of the gradients in the reduce dtype;
-  HSDP adds an all-reduce of the gradient shards over dp_replicate; DDP all-reduces the gradients once per step.
-  They overlap with compute (prefetch, backward hooks).
-- TP over tp, per layer: with sequence parallel, an all-gather before and a reduce-scatter after attention and the
-  FFN, in forward and in backward (8 collectives of one microbatch's activations); without, 4 all-reduces. Full
-  activation checkpointing runs the forward's again in backward. Exposed (no async TP modelled).
-- CP over cp, per layer: an all-gather of the keys and values, a reduce-scatter of their gradients. Exposed.
-- EP over ep, per MoE layer: tokens to their experts and back (all-to-all) in forward and backward. Exposed.
-- PP: each stage boundary sends a microbatch's activations forward and their gradients back. Exposed.
-Expert weights are counted with the other parameters under FSDP (their own sharding over efsdp is not modelled).
+Bytes are what one rank sends per optimizer step, at the ring algorithms' volumes; which collectives each
+dimension runs per microbatch, and which overlap compute: docs/planning.md ("Communication per step").
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""This process's place among the replica groups of a fault-tolerant run: torchft's Manager and its reconfigurable
-process group, and what the step asks of them (step/replica_sync.py).
+"""This process's place among the replica groups of a fault-tolerant run: the two ways a step is synchronised with
+them (step/replica_sync.py's ReplicaSync), each chosen once per run: `PerStepGroups` (a quorum, sums and a commit
+vote every step) and `SemiSyncGroups` (LocalSGD / DiLoCo: the quorum is the synchronization's, in semi_sync.py).
 
 Each group is an ordinary dtrain launch (any layout inside it); its rank r meets rank r of the other groups in the
 process group that torchft reconfigures at every quorum. A step: the quorum (a group whose step is behind the
@@ -16,14 +17,9 @@ of the data exactly where the others are.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import time
 import urllib.parse
-import warnings
-from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -31,18 +27,16 @@ from torch import nn
 from torch.distributed import ReduceOp
 
 from dtrain.config.fault_tolerance_checks import lighthouse_address
-from dtrain.config.schema import Comm, JobConfig
-from dtrain.errors import DtrainError, first_line
+from dtrain.config.schema import Comm
+from dtrain.config.schema_opt_in import FaultTolerance
+from dtrain.errors import first_line
 from dtrain.fault_tolerance.gradient_sum import sum_gradients
+from dtrain.fault_tolerance.quorum_members import QuorumLost, QuorumMembers, ReplicaError
+from dtrain.step.replica_sync import OneGroup
 from dtrain.step.state import TrainState
 
 logger = logging.getLogger("dtrain")
 LIGHTHOUSE_CONNECT_SECONDS = 10
-
-
-class ReplicaError(DtrainError):
-    """The replica groups cannot work together as configured (a lighthouse that does not answer, two groups
-    under one replica id)."""
 
 
 def check_lighthouse(address: str) -> None:
@@ -75,99 +69,128 @@ def group_store(world_rank: int, distributed: bool) -> tuple[str, int, dist.TCPS
     return host, store.port, store
 
 
-@dataclass
-class ReplicaGroups:
-    """The replica groups as the step sees them (step/replica_sync.py's ReplicaSync), and their metrics."""
+class LiveRecovery:
+    """torchft's load_state_dict: the state of a live peer, taken when this group was behind; counted (and, at a
+    semi-synchronous synchronization, where no step start sees it, said)."""
 
-    manager: object  # torchft.Manager (imported only by fault-tolerant runs)
-    replica_id: int
-    group_size: int
-    semi_sync: bool
-    store: dist.TCPStore
-    device: torch.device
-    participants: int = 0
-    recoveries: int = 0
-    recovery_seconds: float = 0.0
-    discarded_steps: int = 0
-    min_replica_size: int = 1
-    _recovered: bool = field(default=False, repr=False)
-    _discarding: int = field(default=0, repr=False)  # discarded attempts since the last step done
+    def __init__(self, state: TrainState, replica_id: int, say_each: bool) -> None:
+        self.state, self.replica_id, self.say_each = state, replica_id, say_each
+        self.loads = 0
+        self.seconds = 0.0  # loading only (the transfer is the quorum's)
 
-    def load_live_state(self, state: TrainState, state_dict: dict) -> None:
-        """torchft's load_state_dict: the state of a live peer, taken when this group was behind."""
+    def load(self, state_dict: dict) -> None:
         started = time.monotonic()
-        state.load_state_dict(state_dict)
-        self._recovered = True
-        if self.semi_sync:  # the quorum is a synchronization's (not start_step's): count the recovery here
-            self.recoveries += 1
+        self.state.load_state_dict(state_dict)
+        self.loads += 1
+        self.seconds += time.monotonic() - started
+        if self.say_each:
+            logger.info("replica group %d: recovered live at step %d from a peer at a synchronization (%.2f s to "
+                        "load)", self.replica_id, self.state.step, time.monotonic() - started)
+
+
+class WaitingForGroups(Exception):
+    """What a group reports to torchft to discard its attempts while the job's groups are not all up yet."""
+
+
+class PerStepGroups:
+    """A quorum, token and gradient sums and a commit vote every step (ReplicaSync).
+
+    A group's first step waits for fault_tolerance.group_size groups (its attempts are discarded meanwhile), up to
+    fault_tolerance.join_timeout_seconds: a job whose groups start one after the other, or all again after a
+    whole-job restart, never trains a step on part of the batch because one group was first. A group that joins a
+    running job recovers live instead and does not wait. A lost quorum (the lighthouse gone) discards the attempt
+    and is kept in `lost`: the loop saves the state and ends the group with it (run/loop_hooks.py)."""
+
+    may_discard = True
+
+    def __init__(self, manager, recovery: LiveRecovery, ft: FaultTolerance, store: dist.TCPStore) -> None:
+        self.manager, self.recovery, self.store = manager, recovery, store
+        self.replica_id, self.group_size = ft.replica_id, ft.group_size
+        self.min_replica_size, self.join_timeout = ft.min_replica_size, ft.join_timeout_seconds
+        self.participants = 0
+        self.lost: Exception | None = None
+        self.recovery_seconds = 0.0
+        self.discarded_steps = 0
+        self.joined = False  # committed a step or recovered live: the wait for every group is over
+        self._join_deadline: float | None = None
+        self._discarding = 0  # discarded attempts since the last step done
+        self._first_discard = 0.0
+
+    def start_step(self) -> bool:
+        started, loads = time.monotonic(), self.recovery.loads
+        try:
+            self.manager.start_quorum()
+        except QuorumLost as lost:
+            self.lost = lost
+            return False
+        if self.recovery.loads > loads:
+            self.joined = True
             self.recovery_seconds += time.monotonic() - started
-            logger.info(
-                "replica group %d: recovered live at step %d from a peer at a synchronization (%.2f s to load)",
-                self.replica_id, state.step, time.monotonic() - started,
-            )
-
-    def start_step(self) -> None:
-        if self.semi_sync:  # the quorum is the synchronization's (LocalSGD / DiLoCo), every sync_steps
-            return
-        start = time.monotonic()
-        self._recovered = False
-        self.manager.start_quorum()
-        if self._recovered:
-            self.recoveries += 1
-            self.recovery_seconds += time.monotonic() - start
-            logger.info(
-                "replica group %d: recovered live at step %d from a peer (%.2f s)",
-                self.replica_id, self.manager.current_step(), time.monotonic() - start,
-            )
+            logger.info("replica group %d: recovered live at step %d from a peer (%.2f s)",
+                        self.replica_id, self.manager.current_step(), time.monotonic() - started)
         self.participants = self.manager.num_participants()
-
-    def check_unique_ids(self) -> None:
-        """torchft makes every group's id unique by a suffix, so two launches with one replica_id would both train
-        on the same share of the data: count the groups of each id over the quorum and refuse a repeat."""
-        ids = torch.zeros(self.group_size, dtype=torch.float32, device=self.device)
-        ids[self.replica_id] = 1
-        self.manager.allreduce(ids, reduce_op=ReduceOp.SUM).wait()
-        if self.manager.errored() is None and ids.max() > 1:
-            repeated = [i for i, n in enumerate(ids.tolist()) if n > 1]
-            raise ReplicaError(
-                f"fault_tolerance.replica_id {repeated[0]} is used by {int(ids[repeated[0]])} replica groups at once;"
-                f" give each group its own id in [0, fault_tolerance.group_size = {self.group_size})"
-            )
+        return True
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.semi_sync:
-            return tensor
         self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
         return tensor
 
     def reduce_gradients(self, parameters: list[nn.Parameter]) -> None:
-        if not self.semi_sync:
-            sum_gradients(self.manager, parameters)
+        sum_gradients(self.manager, parameters)
 
     def should_commit(self) -> bool:
-        if self.semi_sync:
-            return True
+        waiting = self._waiting_for_groups()
+        if waiting:
+            self.manager.report_error(WaitingForGroups())
         committed = self.manager.should_commit()
-        # Said once per run of discarded steps (a group waiting for min_replica_size groups discards every step).
-        if not committed and self._discarding == 0:
-            logger.warning(
-                "replica group %d: step %d discarded (a group failed during it, or fewer than "
-                "fault_tolerance.min_replica_size = %d took part); it is retried on the same batches until it commits",
-                self.replica_id, self.manager.current_step() + 1, self.min_replica_size,
-            )
-        elif committed and self._discarding:
-            logger.info("replica group %d: step %d done after %d discarded attempt(s)",
-                        self.replica_id, self.manager.current_step(), self._discarding)
+        self._say(committed, waiting)
+        self.joined |= committed
         self._discarding = 0 if committed else self._discarding + 1
         self.discarded_steps += not committed
         return committed
 
+    def _waiting_for_groups(self) -> bool:
+        if self.joined or self.participants >= self.group_size:
+            return False
+        now = time.monotonic()
+        if self._join_deadline is None:
+            self._join_deadline = now + self.join_timeout
+        if now < self._join_deadline:
+            return True
+        logger.warning(
+            "replica group %d: only %d of %d replica groups joined within %.0f s (fault_tolerance.join_timeout_seconds)"
+            "; training from step %d without the others, assuming they were lost (if they finished the job, stop "
+            "this group: it would train past the job's end alone)",
+            self.replica_id, self.participants, self.group_size, self.join_timeout, self.manager.current_step() + 1,
+        )
+        self.joined = True
+        return False
+
+    def _say(self, committed: bool, waiting: bool) -> None:
+        """One line per run of discarded attempts, and one when the step is done (with how long it stalled)."""
+        step = self.manager.current_step() + (0 if committed else 1)
+        if not committed and self._discarding == 0:
+            self._first_discard = time.monotonic()
+            if waiting:
+                logger.warning(
+                    "replica group %d: step %d discarded (waiting up to %.0f s, fault_tolerance.join_timeout_seconds, "
+                    "for all %d replica groups: %d here); it is retried on the same batches",
+                    self.replica_id, step, self.join_timeout, self.group_size, self.participants,
+                )
+            else:
+                error = self.manager.errored()
+                reason = (first_line(getattr(error, "original_exception", error)) if error is not None else
+                          f"fewer than fault_tolerance.min_replica_size = {self.min_replica_size} groups took part")
+                logger.warning("replica group %d: step %d discarded (%s); it is retried on the same batches until it "
+                               "commits", self.replica_id, step, reason)
+        elif committed and self._discarding:
+            logger.info("replica group %d: step %d done after %d discarded attempt(s), %.2f s after the first",
+                        self.replica_id, step, self._discarding, time.monotonic() - self._first_discard)
+
     def metrics(self) -> dict[str, float]:
-        # Under semi-sync, the groups of the last synchronization (this group alone before its first).
-        participants = max(1, self.manager.num_participants()) if self.semi_sync else self.participants
         return {
-            "ft/participating_groups": float(participants),
-            "ft/recoveries": float(self.recoveries),
+            "ft/participating_groups": float(self.participants),
+            "ft/recoveries": float(self.recovery.loads),
             "ft/recovery_seconds": self.recovery_seconds,
             "ft/discarded_steps": float(self.discarded_steps),
         }
@@ -176,79 +199,47 @@ class ReplicaGroups:
         self.manager.shutdown(wait=False)
 
 
+class SemiSyncGroups(OneGroup):
+    """LocalSGD / DiLoCo (semi_sync.py): each group steps alone, as one group does (no sums, every step commits),
+    and the quorum is each synchronization's, inside the optimizer's step hooks (ReplicaSync)."""
+
+    def __init__(self, manager, recovery: LiveRecovery, store: dist.TCPStore) -> None:
+        self.manager, self.recovery, self.store = manager, recovery, store
+
+    @property
+    def participants(self) -> int:  # the groups of the last synchronization (this group alone before its first)
+        return max(1, self.manager.num_participants())
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "ft/participating_groups": float(self.participants),
+            "ft/recoveries": float(self.recovery.loads),
+            "ft/recovery_seconds": self.recovery.seconds,
+            "ft/discarded_steps": 0.0,
+        }
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
 def join_replica_groups(
-    cfg: JobConfig, world_rank: int, world_size: int, device: torch.device, state: TrainState
-) -> ReplicaGroups:
+    ft: FaultTolerance, comm: Comm, world_rank: int, world_size: int, device: torch.device, state: TrainState
+) -> PerStepGroups | SemiSyncGroups:
     """Start this group's Manager (after the state is built and any checkpoint restored: its step is the one
-    the quorum compares)."""
-    ft = cfg.fault_tolerance
-    address = lighthouse_address(cfg)
+    the quorum compares), then the strategy the run steps with."""
+    address = lighthouse_address(ft)
     if world_rank == 0:
         check_lighthouse(address)
-    quiet_torchft()
-    from torchft import ProcessGroupGloo, ProcessGroupNCCL
+    from dtrain.fault_tolerance.manager import build_manager  # torchft is an extra: imported by its runs only
 
-    timeout = timedelta(milliseconds=ft.process_group_timeout_ms)
-    pg = ProcessGroupNCCL(timeout=timeout) if ft.process_group == "nccl" else ProcessGroupGloo(timeout=timeout)
     host, port, store = group_store(world_rank, world_size > 1)
-    groups = ReplicaGroups(
-        None, ft.replica_id, ft.group_size, bool(ft.semi_sync_method), store, device,
-        min_replica_size=ft.min_replica_size,
+    semi_sync = bool(ft.semi_sync_method)
+    recovery = LiveRecovery(state, ft.replica_id, say_each=semi_sync)
+    members = QuorumMembers(ft.replica_id, ft.group_size, device)
+    manager = build_manager(
+        ft, comm, address, members.check, load_state_dict=recovery.load, state_dict=state.state_dict,
+        rank=world_rank, world_size=world_size, store_addr=host, store_port=port,
     )
-    quorum_timeout = timedelta(seconds=cfg.comm.init_timeout_seconds)
-    groups.manager = managed_quorums(address, quorum_timeout, groups.check_unique_ids)(
-        pg=pg,
-        load_state_dict=lambda sd: groups.load_live_state(state, sd),
-        state_dict=state.state_dict,
-        min_replica_size=ft.min_replica_size,
-        use_async_quorum=False,  # the recovered state is loaded before the forward (DiLoCo requires it too)
-        timeout=manager_timeout(cfg.comm, timeout),
-        quorum_timeout=quorum_timeout,
-        connect_timeout=timedelta(seconds=cfg.comm.init_timeout_seconds),
-        rank=world_rank,
-        world_size=world_size,
-        store_addr=host,
-        store_port=port,
-        lighthouse_addr=address,
-        replica_id=f"dtrain_replica_{ft.replica_id}",
-        init_sync=False,  # every group initializes the same weights from debug.seed
-    )
-    syncs = state.step // ft.sync_steps if ft.semi_sync_method else state.step
-    groups.manager.load_state_dict({"step": syncs, "batches_committed": 0})
-    return groups
-
-
-def managed_quorums(lighthouse: str, timeout: timedelta, after_quorum: Callable[[], None]) -> type:
-    """torchft's Manager whose failed quorum is one line (the groups cannot agree without their lighthouse) and
-    that runs `after_quorum` after every quorum: each step's, or each synchronization's under LocalSGD / DiLoCo."""
-    from torchft import Manager
-
-    class DtrainManager(Manager):
-        def start_quorum(self, *args, **kwargs) -> None:
-            try:
-                super().start_quorum(*args, **kwargs)
-            except Exception as err:  # torchft raises the Rust client's error, with a thread's traceback
-                raise ReplicaError(
-                    f"the replica groups' quorum failed ({type(err).__name__}: {first_line(err)}) within "
-                    f"{timeout.total_seconds():.0f} s (comm.init_timeout_seconds): is torchft's lighthouse at "
-                    f"{lighthouse} still running? Without it no group can go on: restart it, then the groups"
-                ) from err
-            after_quorum()
-
-    return DtrainManager
-
-
-def quiet_torchft() -> None:
-    """torchft's servers log every quorum and commit at INFO (Rust), and its Manager warns at every quorum that
-    NCCL's flight recorder cannot be reset: keep their warnings and errors only, unless RUST_LOG says otherwise.
-    dtrain logs what a user needs of the groups (joins, recoveries, discarded steps)."""
-    os.environ.setdefault("RUST_LOG", "warn")
-    logging.getLogger("torchft").setLevel(logging.ERROR)
-    # A recovering group reads the peer's state from a received buffer that torch wraps without copying.
-    warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
-
-
-def manager_timeout(comm: Comm, collective: timedelta) -> timedelta:
-    """The Manager's timeout covers the commit vote and the transfer of a whole state to a recovering group, so
-    it is the longer of the collectives' and the training collectives' (comm.train_timeout_seconds)."""
-    return max(collective, timedelta(seconds=comm.train_timeout_seconds))
+    syncs = state.step // ft.sync_steps if semi_sync else state.step
+    manager.load_state_dict({"step": syncs, "batches_committed": 0})
+    return SemiSyncGroups(manager, recovery, store) if semi_sync else PerStepGroups(manager, recovery, ft, store)

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
-from dtrain.config.schema import Metrics
+from dtrain.config.schema_observe import Metrics
 from dtrain.metrics.console_color import colored, console_is_terminal
 from dtrain.metrics.device_peaks import device_peak_flops
 from dtrain.metrics.memory import peak_memory_gib
@@ -87,8 +87,8 @@ def format_line(record: Mapping[str, Any], total_steps: int, color: bool = False
         *([f"aux_loss {record[AUX_LOSS]:.4g}"] if AUX_LOSS in record else []),
         f"grad_norm {_number(record.get('grad_norm'), '.3f')}",
         f"lr {_number(record.get('lr'), '.2e')}",
-        f"tps {record['tps']:,.0f}",
-        f"tflops {record['tflops']:.2f}",
+        f"tps {_number(record['tps'], ',.0f')}",
+        f"tflops {_number(record['tflops'], '.2f')}",
         f"mfu {'-' if mfu is None else f'{mfu:.2f}%'}",
         f"mem {record['memory_gib']:.2f}GiB",
         f"eta {format_duration(record['eta_s'])}",
@@ -185,7 +185,8 @@ class MetricsLogger:
         return step == 1 or step % self.log_freq == 0 or step == self.total_steps
 
     def log(
-        self, step: int, metrics: Mapping[str, torch.Tensor | float | int], tokens_since_last: int
+        self, step: int, metrics: Mapping[str, torch.Tensor | float | int], tokens_since_last: int | None,
+        tokens_seen: int | None = None,
     ) -> dict[str, Any]:
         """Read ``metrics``, compute throughput since the previous log, and write one record everywhere.
 
@@ -193,8 +194,9 @@ class MetricsLogger:
         those three are recorded in metrics.jsonl and TensorBoard but not printed (a mixture's ``loss/<source>``,
         ``tokens/<source>`` and ``tokens_seen/<source>`` have a console line of their own: source_metrics.py).
         ``tokens_since_last`` counts the tokens that *all ranks together* trained on since the previous log (global
-        batch tokens x steps). This waits for the device, so the timing covers all queued work. Returns the record
-        written.
+        batch tokens x steps); None when the window's tokens are not this process's work (a replica group that
+        took a live peer's state): no throughput then. ``tokens_seen`` replaces the running count (the state's).
+        This waits for the device, so the timing covers all queued work. Returns the record written.
         """
         reserved = sorted(set(metrics) & set(COMPUTED_FIELDS))
         if reserved:
@@ -206,17 +208,17 @@ class MetricsLogger:
         values = read_metric_values(metrics)
         now = time.perf_counter()
         window_s = max(now - self._window_start_time, 1e-9)
-        self._tokens_seen += tokens_since_last
-        tps = tokens_since_last / window_s / self.world_size
-        flops_per_s = tps * self.num_flops_per_token
+        self._tokens_seen = self._tokens_seen + (tokens_since_last or 0) if tokens_seen is None else tokens_seen
+        tps = None if tokens_since_last is None else tokens_since_last / window_s / self.world_size
+        flops_per_s = None if tps is None else tps * self.num_flops_per_token
         shown = {name: values.pop(name, None) for name in LINE_METRICS}
         sources = source_fields(values)  # a dataset mixture's loss and tokens by source (source_metrics.py)
         record: dict[str, Any] = {
             "step": step,
             **shown,
             "tps": tps,
-            "tflops": flops_per_s / 1e12,
-            "mfu": 100 * flops_per_s / self.peak_flops if self.peak_flops else None,
+            "tflops": None if flops_per_s is None else flops_per_s / 1e12,
+            "mfu": 100 * flops_per_s / self.peak_flops if self.peak_flops and flops_per_s is not None else None,
             "memory_gib": peak_memory_gib(self.device),
             "elapsed_s": now - self._start_time,
             "eta_s": None if self._first_window else window_s / steps_in_window * max(self.total_steps - step, 0),

@@ -2,23 +2,14 @@
 loads what an earlier one compiled instead of compiling it again.
 
 ``torch.compiler.save_cache_artifacts()`` serializes what the caches behind torch.compile recorded in this
-process (FX graph cache entries with inductor's generated code, AOT autograd entries, autotuning results,
-the dynamic-shape profiles of ``compile.dynamic = auto``; on CUDA the compiled Triton kernels ride inside the FX
-graph entries). ``load_cache_artifacts`` writes them back into this machine's caches before anything compiles,
-so compiling becomes cache hits: dynamo still traces, AOT autograd and inductor are skipped. On CPU, torch does
-not bundle the C++ kernels' shared objects into the artifacts, so those are compiled again unless this
-machine's local cache (``TORCHINDUCTOR_CACHE_DIR``) still has them (docs/benchmarks.md measures both).
+process; ``load_cache_artifacts`` writes them back into this machine's caches before anything compiles, so
+compiling becomes cache hits (dynamo still traces; AOT autograd and inductor are skipped). Files live under
+``<compile.cache_dir or <dump_folder>/compile_cache>/<key>/`` (``rank<r>.bin``, ``rank<r>.json``, ``key.json``),
+written atomically after the first step and again at the end if later steps compiled more. The key hashes only
+what shapes the compiled graphs (``graph_settings``); torch's caches are content-addressed, so a key that is too
+coarse costs disk, never correctness. Loading a cache runs the code in it, like loading a pickle.
 
-Layout on disk, ``<compile.cache_dir or <dump_folder>/compile_cache>/<key>/``:
-- ``rank<r>.bin``: rank r's artifacts (each rank compiles its own graphs: pipeline stages differ), written
-  atomically after the first step and again at the end if later steps compiled more;
-- ``rank<r>.json``: its size, xxh3 checksum, artifact counts and the step it was saved at;
-- ``key.json``: what the key hashes, so a person can see why a cache was not used.
-
-The key hashes only what shapes the compiled graphs (`graph_settings`), so a run that changes the step count,
-learning rate or data shares the cache. torch's caches are content-addressed: an artifact that does not match a
-graph is never used, so a key that is too coarse costs disk, never correctness. Loading a cache runs the code in
-it, like loading a pickle: point compile.cache_dir only at folders you trust.
+What is saved, the key's contents and what a hit saves on CPU and CUDA: docs/profiling.md, "Compile caches".
 """
 
 from __future__ import annotations
@@ -33,7 +24,8 @@ from pathlib import Path
 import torch
 import xxhash
 
-from dtrain.config.schema import Compile, JobConfig
+from dtrain.config.schema import JobConfig
+from dtrain.config.schema_observe import Compile
 from dtrain.config.toml_io import config_to_dict
 
 logger = logging.getLogger("dtrain")
@@ -44,7 +36,7 @@ _OUTPUT_ONLY_COMPILE_KEYS = ("cache", "cache_dir", "trace_folder", "debug_dir")
 # Training settings that shape the graphs: batch and sequence shapes, dtypes, masks, offloading.
 _GRAPH_TRAINING_KEYS = (
     "seq_len", "local_batch_size", "mixed_precision_param", "mixed_precision_reduce", "enable_cpu_offload",
-    "attention_mask",
+    "attention_mask", "attention_mask_backend",
 )
 
 

@@ -1,26 +1,14 @@
 """What a profiler window's events say beyond operator names: which compiled graph ran, and in which phase of the
 step (forward, backward, optimizer) the time went.
 
-**Naming compiled graphs.** torch marks a compiled graph's call ``## Call CompiledFxGraph <cache key> ##``
-(inductor; the key is ``None`` when caches are off), inside ``CompiledFunction`` (forward) or
-``CompiledFunctionBackward`` (backward): nothing says which model code it is. Dynamo wraps each forward call in
-``Torch-Compiled Region: <compile id>``, and the compile report maps compile ids to frames
-(``TransformerBlock.forward``, ``cross_entropy_sum``). A backward event carries the autograd sequence number of the
-forward that created it, which ties it to that forward's region. So ``name_compiled_graphs`` renames, in place:
-
-- ``## Call CompiledFxGraph <key> ##`` -> ``## Call CompiledFxGraph TransformerBlock.forward [0/0] forward ##``
-  (or ``backward``): the row that holds the fused kernels' time;
-- ``CompiledFunction``, ``CompiledFunctionBackward`` and the autograd engine's
-  ``evaluate_function: CompiledFunctionBackward`` get `` TransformerBlock.forward [0/0]`` appended: with a backend
-  other than inductor (``aot_eager``) there is no FX graph call, and these rows carry the graph's time.
-
-Identical blocks share one compiled frame, so their rows add up over the blocks (``calls`` counts them).
-
-**The phase split.** Per recorded step (``ProfilerStep*``): *backward* is the autograd engine's outermost
-events (on CPU on the main thread, on CUDA on the engine's device thread), *optimizer* torch's ``Optimizer.step#``
-and ``Optimizer.zero_grad#`` spans, *forward* the step's other top-level events that end before one of its
-backward events starts (each microbatch's forward, the loss included), and *other* the rest of the step: gradient
-clipping, metrics, validation and checkpoints run by the loop's hooks, and Python between operators. CPU time.
+``name_compiled_graphs`` renames, in place, inductor's ``## Call CompiledFxGraph <cache key> ##`` events and the
+``CompiledFunction`` / ``CompiledFunctionBackward`` wrappers after the compile report's frame
+(``TransformerBlock.forward [0/0]``): dynamo's ``Torch-Compiled Region: <compile id>`` ties a forward to its
+frame, and a backward event's autograd sequence number ties it to its forward. Identical blocks share one
+compiled frame, so their rows add up over the blocks. The phase split sorts each recorded step's CPU time into
+backward (the autograd engine's outermost events), optimizer (``Optimizer.step#`` / ``zero_grad#``), forward (the
+other top-level events that end before a backward starts) and other. What the renamed rows and the phases mean
+to a reader: docs/profiling.md, "Profiler" ("Compiled graphs", "The phase split").
 """
 
 from __future__ import annotations

@@ -7,21 +7,11 @@ both as hooks around its loop, run/loop_hooks.py)::
     with maybe_profile(cfg.profiling, dump_folder, rank, start_step) as profiler, \\
          maybe_memory_snapshot(cfg.profiling, dump_folder, rank, device, start_step) as memory_snapshot:
         for step in ...:
-            train_step(...)
-            profiler.step()
-            memory_snapshot.step()
+            train_step(...); profiler.step(); memory_snapshot.step()
 
-Every ``profiling.profile_freq`` steps the profiler records a window: ``profile_freq - warmup - active`` idle
-steps, ``profiler_warmup`` steps traced but discarded (the profiler's own start-up cost lands there), then
-``profiler_active`` recorded steps, written as ``<save_traces_folder>/iteration_<step>/rank<r>_trace.json``
-(open in chrome://tracing or https://ui.perfetto.dev), with its top ``profiling.top_ops`` operators beside it, each
-compiled graph named by its frame, and the steps' split into forward, backward and optimizer time
-(``rank<r>_top_ops.txt`` / ``.json``, rank 0's also in the log; profiler_events.py) and, on CUDA with
-``profiling.profile_memory``, its memory timeline (``rank<r>_memory_timeline.html``, or ``.json`` without
-matplotlib); a window that training ends in the middle of is not written. The profiler's own warnings go to ``<save_traces_folder>/rank<r>_profiler.log``, not
-the log. Memory snapshots are dumped on the same cadence as
-``<save_memory_snapshot_folder>/iteration_<step>/rank<r>_memory_snapshot.pickle`` (open in
-https://pytorch.org/memory_viz), and once more under ``oom/`` if the run dies of a CUDA out-of-memory error.
+The window schedule (``profile_freq``, ``profiler_warmup``, ``profiler_active``), the files each window writes
+(trace, top-operator table and phase split via profiler_events.py, memory timeline, snapshots, ``oom/``) and how
+to open them: docs/profiling.md, "Profiler".
 """
 
 from __future__ import annotations
@@ -37,7 +27,7 @@ from typing import Iterator
 import torch
 from torch.profiler import ProfilerActivity
 
-from dtrain.config.schema import Profiling
+from dtrain.config.schema_observe import Profiling
 from dtrain.errors import ConfigError
 from dtrain.observe.compile_report import compiled_frame_names
 from dtrain.observe.profiler_events import format_phase_split, name_compiled_graphs, phase_split

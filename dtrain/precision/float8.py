@@ -18,7 +18,7 @@ from torch import nn
 
 from dtrain.config.converters import FLOAT8_NAMES
 from dtrain.config.schema_opt_in import QuantizeLinearFloat8
-from dtrain.precision.torchao_import import quiet_torchao_import
+from dtrain.step.torchao_import import quiet_torchao_import
 
 logger = logging.getLogger("dtrain")
 

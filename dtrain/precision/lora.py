@@ -1,30 +1,15 @@
 """LoRA (low-rank adapters) as a model transform: which linears get adapters, the adapter module, its init.
 
 Like the float8 converter, ``apply_lora`` runs on the model built on the meta device, before it is split into
-pipeline stages and parallelized (``model_builder``'s ``convert``): every targeted ``nn.Linear`` is replaced in place
-(same FQN) by a ``LoRALinear``, which keeps the base ``weight`` (and ``bias``) as frozen parameters under their
-names, so every state-dict name, Hugging Face mapping and checkpoint of the base model is unchanged, and adds two
-trainable linears ``lora_a`` (in -> rank) and ``lora_b`` (rank -> out):
+pipeline stages and parallelized: every targeted ``nn.Linear`` is replaced in place (same FQN) by a
+``LoRALinear``, which keeps the base ``weight`` (and ``bias``) frozen under their names, so every state-dict name
+and checkpoint of the base model is unchanged, and adds ``lora_a`` (in -> rank) and ``lora_b`` (rank -> out):
 
     y = base(x) + scaling * lora_b(lora_a(dropout(x))),   scaling = alpha / rank  (rsLoRA: alpha / sqrt(rank))
 
-as PEFT's ``LoraLayer`` computes it. Every other parameter is frozen too (embedding, norms, head): only adapters
-get gradients and optimizer state. Tensor parallel gives a LoRALinear the styles of parallelize/lora_parallel.py
-(the adapters follow their base linear's placement); FSDP2 (mixed frozen and trainable parameters in one group),
-DDP, pipeline stages, context parallel and activation checkpointing need nothing of their own. Compiled blocks
-compile twice, not once: the first block's input, from the frozen embedding, needs no gradient, the others' do.
-The adapters' dropout draws from the step's generator, which is per data-parallel rank: the config refuses
-dropout > 0 where TP or CP ranks split one sequence (they would draw the same mask for each of their parts).
-
-Initialisation is PEFT's default (``lora_a`` Kaiming-uniform with a = sqrt(5), ``lora_b`` zeros, so the model
-starts equal to its base). ``init_lora_weights`` draws each adapter from a generator seeded by (run seed, its FQN)
-and hands every rank its part of the whole tensor, so every layout starts from the single-process adapters
-exactly, whatever order or subset of modules a rank holds.
-
-Target patterns (``[lora] target_modules``) match module FQNs from the end, one dotted atom at a time, each atom
-an fnmatch glob: ``wq`` is every module named wq (PEFT's suffix match), ``attention.*`` every child of every
-``attention``, ``layers.0.feed_forward.w1`` that one module; ``all-linear`` is PEFT's spelling of every linear
-but the output head.
+as PEFT computes it. Init is PEFT's default, drawn per adapter from a generator seeded by (run seed, FQN), so every
+layout starts from the single-process adapters. Target patterns, layouts and refusals: docs/fine-tuning.md,
+"LoRA"; compile, dropout and init details: docs/fine-tuning.md, "How LoRA runs under every layout".
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from dtrain.config.converters import MX_NAMES
 from dtrain.config.schema_opt_in import QuantizeLinearMX
 from dtrain.parallelize.torch_compat import MXFP8_TRAINING_SUPPORTED
 from dtrain.precision.float8 import linear_filter
-from dtrain.precision.torchao_import import quiet_torchao_import
+from dtrain.step.torchao_import import quiet_torchao_import
 
 logger = logging.getLogger("dtrain")
 

@@ -1,35 +1,13 @@
 """QLoRA: the frozen base weights of the LoRA linears stored as torchao's NF4 (``[lora] quantize_base``).
 
 A LoRA linear (lora.py) keeps its base ``weight`` frozen; QLoRA stores that weight as torchao's ``NF4Tensor``
-(4-bit NormalFloat codes in blocks of 64 values, each block's absmax scale double-quantized to int8 in blocks of 256
-scales: torchao's ``to_nf4`` defaults, about 0.52 bytes per value instead of 4), while the adapters train in the
-compute dtype. The forward is torchao's: ``F.linear`` on an NF4 weight dispatches to its ``linear_nf4``, which
-dequantizes the weight for the matmul and again for the input's gradient; the weight itself gets none.
+(``to_nf4``'s defaults: about 0.52 bytes per value instead of 4) while the adapters train in the compute dtype; the
+forward is torchao's ``linear_nf4``. The weights are quantized from their real values after the run's start-up
+loaded them (``quantize_base_weights``, at the end of checkpoint/post_load.py), one at a time; under FSDP2 each
+rank gathers a whole weight, quantizes it as one process would and keeps its row chunk.
 
-When: the weights are quantized from their real values, after the run's start-up has given them (init, then a
-checkpoint or Hugging Face initial load, a resume's base: ``quantize_base_weights`` runs at the end of
-checkpoint/restore.py's start-up). Until then the model is built as every LoRA model is (meta, parallelize,
-to_empty, init, load), so every loader fills plain tensors; each base weight is then replaced by its NF4 form, one
-at a time. An NF4 tensor built on the meta device cannot take that path: ``to_empty`` leaves its lookup table on
-meta, and a per-shard quantization would give each shard its own scale mean, which FSDP's all-gather does not keep.
-
-FSDP2: each rank gathers the whole weight (one at a time), quantizes it as the single process does, and keeps its
-row chunk (torch.chunk of an NF4Tensor splits its codes and scales, torchao's sharding for FSDP2), as torchtune
-loads QLoRA weights into FSDP2; FSDP2 then all-gathers the codes and scales (torchao's ``fsdp_pre_all_gather`` /
-``fsdp_post_all_gather``), so every layout computes on the same dequantized weight as one process. That needs each
-weight's rows and its scale blocks (one per 64 x 256 values) to divide evenly among the shards: refused otherwise,
-in one line, before anything is allocated.
-
-Checkpoints: a QLoRA run starts from a base model (checkpoint.initial_load_path; the config refuses one without),
-so its checkpoints hold the adapters only plus a reference to that base (checkpoint/lora_base.py); a resume loads
-the base in full precision, then quantizes it again: the same values, so the same NF4 codes, and the run continues
-exactly. The final Hugging Face save (checkpoint.last_save_in_hf) is refused; scripts/convert_checkpoint.py turns
-a checkpoint into a PEFT adapter (to-peft) or merges it into the full-precision base (to-hf).
-
-Layouts: one process and FSDP2 (compiled or not, with activation checkpointing), each proven against the single
-process (tests/parallelize/test_parity_lora.py); TP, PP, CP, DDP and HSDP are refused by the config. Known limits:
-the start-up holds each rank's shard of the base in its dtype until it is quantized (the memory pre-flight counts
-the NF4 steady state), and the estimator's FSDP all-gather volume still counts the base in the compute dtype.
+Why after the load and not on the meta device, the FSDP2 divisibility rule, checkpoints and resume, and the
+layouts and known limits: docs/fine-tuning.md, "QLoRA" and "How QLoRA quantizes".
 """
 
 from __future__ import annotations
@@ -47,7 +25,7 @@ from dtrain.parallelize import model_fqn
 from dtrain.parallelize.lora_parallel import is_lora_linear
 from dtrain.parallelize.memory import stored_bytes
 from dtrain.precision.lora import LoRASettings, LoRATraining
-from dtrain.precision.torchao_import import quiet_torchao_import
+from dtrain.step.torchao_import import quiet_torchao_import
 
 with quiet_torchao_import():
     from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor, to_nf4

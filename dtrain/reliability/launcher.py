@@ -2,21 +2,14 @@
 `error: ...` line (the first failing rank's) and exit != 0, not torchrun's 40-line failure report.
 
 `python -m dtrain.reliability.launcher LAUNCH_DIR torchrun ARGS...` starts torchrun in its own session and
-- passes the workers' lines (`[rank...`) through (stdout to stdout, stderr to stderr), and sends torchrun's own
-  (banners, warnings, its failure report) to a log file;
-- forwards SIGTERM, SIGUSR1 and SIGINT to torchrun, once each (Ctrl-C reaches only this process, since torchrun
-  runs in its own session), so preemption and Ctrl-C act as with one process;
-- when torchrun fails, prints the line of the rank that caused it: a rank killed by a signal (which writes
-  nothing, so only torchrun's failure report names it), else the first failing rank's line, which each worker
-  left in LAUNCH_DIR/errors (`record_failure`, called by dtrain.main), else torchrun's last line when no worker
-  got to report; the log is kept in the run folder (named in LAUNCH_DIR/run_dir by the launch check) as
-  torchrun-<time>.log;
-- names the rank that stopped making progress when a peer's collective timed out waiting for it (StallWatch): a
-  worker stopped by a signal (SIGSTOP: it acts on nothing but SIGKILL and SIGCONT) is ended with SIGKILL as soon
-  as a peer has failed, instead of 30 s later by torchrun, and a worker still running 30 s after torchrun's
-  SIGTERM (hung) is named from torchrun's log; neither is then blamed as "killed by SIGKILL";
-- dies with torchrun's whole tree: torchrun gets SIGKILL from the kernel when the launcher dies (even of
-  SIGKILL: PR_SET_PDEATHSIG), and the workers end once torchrun is gone (parent_watch.py).
+passes the workers' lines through while torchrun's own go to a log file (kept in the run folder as
+torchrun-<time>.log); forwards SIGTERM, SIGUSR1 and SIGINT to torchrun once each; when torchrun fails, prints
+the line of the rank that caused it (a rank killed by a signal, else the first line a worker left in
+LAUNCH_DIR/errors via `record_failure`, else torchrun's last line); names a rank that stopped making progress
+(StallWatch: a SIGSTOPped worker is killed as soon as a peer fails, a hung one is named from torchrun's log);
+and dies with torchrun's whole tree (PR_SET_PDEATHSIG, parent_watch.py).
+
+Each of these is a guarantee with its test in docs/reliability.md (the launcher rows of its table).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dtrain.config.schema import Checkpoint, Job, Metrics
+from dtrain.config.schema import Checkpoint, Job
+from dtrain.config.schema_observe import Metrics
 from dtrain.errors import ConfigError
 
 

@@ -4,6 +4,7 @@ initialised), optimizer, LR schedule, data, and the step's setup with the execut
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -25,6 +26,7 @@ from dtrain.precision.mx import build_mx_training
 from dtrain.run.layout import ParallelLayout
 from dtrain.run.memory_preflight import Workload
 from dtrain.run.model_builder import build_model_parts
+from dtrain.run.validation import held_out_fraction
 from dtrain.run.world import World
 from dtrain.step.executor import LocalExecutor, PipelineExecutor, StepExecutor
 from dtrain.step.lr_schedule import build_lr_scheduler
@@ -33,13 +35,18 @@ from dtrain.step.state import StepSetup, TrainState
 from dtrain.step.train_step import StepLoss
 
 logger = logging.getLogger("dtrain")
+# A run's own loss in place of the token cross-entropy (the preference losses: dtrain/preference/build.py), built
+# from (cfg, layout, family, model args, this rank's stages, device, workload).
+LossBuilder = Callable[..., StepLoss]
 
 
 def build_train_state(
-    cfg: JobConfig, world: World, layout: ParallelLayout, family: FamilySpec, args, tokenizer
+    cfg: JobConfig, world: World, layout: ParallelLayout, family: FamilySpec, args, tokenizer,
+    build_loss: LossBuilder | None = None,
 ) -> TrainState:
     """Model parts (meta → parallelized → materialized → initialised), optimizer, schedule, data and the executor
-    of this layout, as one state; reads the whole config: it assembles the state from each section's part."""
+    of this layout, as one state; reads the whole config: it assembles the state from each section's part.
+    `build_loss` builds the run's loss when it is not the token cross-entropy."""
     # At most one low-precision converter (the config refuses float8 with mx).
     converters, linear = cfg.model.converters, cfg.quantize.linear
     converter = build_float8_training(
@@ -61,16 +68,22 @@ def build_train_state(
     optimizer = build_optimizers(model_parts, cfg.optimizer, world.device)
     lr_scheduler = build_lr_scheduler(optimizer, cfg.training.steps, cfg.lr_scheduler)
     rank = job_rank_coordinates(layout.rank, cfg.fault_tolerance)
-    dataloader = build_dataloader(cfg.training, tokenizer, *data_slot(rank, cfg.fault_tolerance), seed=cfg.debug.seed)
+    dataloader = build_dataloader(
+        cfg.training, tokenizer, *data_slot(rank, cfg.fault_tolerance), seed=cfg.debug.seed,
+        held_out=held_out_fraction(cfg.training, cfg.validation),  # the chat rows validation holds out, if any
+    )
     logger.info(f"data: {dataloader.description}")
     c = cfg.compile
     if c.enable:
         watch_graph_breaks()  # compiling is lazy: the breaks happen in the first step, reported after it
     compile_loss = c.enable and "loss" in c.components
-    loss = StepLoss.build(
-        layout.dims, compile_kwargs(c.backend, c.mode, c.fullgraph, c.dynamic) if compile_loss else None,
-        source_names=dataloader.source_names,  # a mixture's sources: their loss and tokens are logged apart
-    )
+    if build_loss is not None:
+        loss = build_loss(cfg, layout, family, args, stages, world.device, workload)
+    else:
+        loss = StepLoss.build(
+            layout.dims, compile_kwargs(c.backend, c.mode, c.fullgraph, c.dynamic) if compile_loss else None,
+            source_names=dataloader.source_names,  # a mixture's sources: their loss and tokens are logged apart
+        )
     executor = build_step_executor(
         family, layout, stages, loss, world.device, converter.optimizer_step_hook if converter else None
     )

@@ -87,6 +87,7 @@ def parallelize_options(cfg: JobConfig, device_type: str) -> ParallelizeOptions:
         cp_load_balancer=cfg.parallelism.context_parallel_load_balancer,
         cp_rotate_method=cfg.parallelism.context_parallel_rotate_method,
         attention_mask=cfg.training.attention_mask,
+        attention_mask_backend=cfg.training.attention_mask_backend,
     )
 
 

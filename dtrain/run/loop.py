@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from dtrain.metrics.liveness import doing
 from dtrain.run.hooks import Hooks, StepEnd
 from dtrain.step.state import TrainState
 from dtrain.step.train_step import train_step
@@ -18,14 +19,16 @@ def run_loop(state: TrainState, steps: int, accumulation: int, device: torch.dev
     data = iter(state.dataloader)
     start_step = state.step
     stop = False
-    retries = state.setup.replicas is not None  # replica groups may discard a step: it is retried on its batches
+    retries = state.setup.replicas.may_discard  # replica groups may discard a step: it is retried on its batches
     with hooks.running():
         while state.step < steps and not stop:
             position = state.dataloader.state_dict() if retries else None
             batch = [to_device(next(data), device) for _ in range(accumulation)]
             first = state.step == start_step
+            doing(f"in step {state.step + 1} of {steps}")
             with hooks.around_step(first):
                 step_metrics = train_step(state, batch)
+            doing(f"after step {state.step}: logging, validation, checkpoint")
             if step_metrics is None:  # discarded by the replica groups (fault tolerance)
                 state.dataloader.load_state_dict(position)
                 end = StepEnd(state.step, {}, state.tokens_seen, first=first, last=False)

@@ -13,7 +13,8 @@ from typing import Iterator
 import torch
 
 from dtrain.checkpoint import CheckpointManager, PreemptionWatcher
-from dtrain.config.schema import Comm, Compile, Profiling
+from dtrain.config.schema import Comm
+from dtrain.config.schema_observe import Compile, Profiling
 from dtrain.metrics import MetricsLogger
 from dtrain.observe.compile_cache import PortableCompileCache
 from dtrain.observe.compile_progress import compile_progress
@@ -94,15 +95,17 @@ def training_hooks(
     if compile_watch is not None:  # after validation, whose forward without grad compiles again
         hooks.add(lambda end: compile_watch.after_step(end.step))
     hooks.add(lambda end: checkpoints.maybe_save(end.step, last=end.last, preempted=end.preempted))
-    if state.setup.replicas is not None:
-        # Steps the replica groups discard (while too few groups are up, say) still heed a preemption signal; the
-        # state is that of the last step done, saved unless its own save is already there.
+    if state.setup.replicas.may_discard:
+        # Steps the replica groups discard (while too few groups are up, say) still heed a preemption signal, and a
+        # lost quorum ends the group; the state is that of the last step done, saved unless its own save is
+        # already there.
         hooks.after_discarded_step(preemption.decide)
         hooks.after_discarded_step(
             lambda end: end.preempted and not checkpoints.save_due(end.step) and checkpoints.maybe_save(
                 end.step, preempted=True
             )
         )
+        hooks.after_discarded_step(lambda end: stop_on_lost_quorum(state, checkpoints, end))
     hooks.add(lambda end: profiler.value.step())
     hooks.add(lambda end: snapshot.value.step())
     hooks.add(lambda end: gc.collect(1), every=gc_freq)
@@ -121,12 +124,28 @@ def training_hooks(
     return hooks
 
 
+def stop_on_lost_quorum(state: TrainState, checkpoints: CheckpointManager, end: StepEnd) -> None:
+    """A replica group whose quorum is lost (its lighthouse gone) saves the last step it did, then ends with one
+    line: relaunched once the lighthouse is back, it resumes there and the groups' first step waits for all."""
+    lost = state.setup.replicas.lost
+    if lost is None:
+        return
+    if end.first:  # nothing done since the start: its checkpoint (if any) is already the state
+        raise type(lost)(f"{lost}; nothing trained since this launch started")
+    if checkpoints.save_due(end.step) or checkpoints.maybe_save(end.step, preempted=True):
+        checkpoints.wait()
+        raise type(lost)(f"{lost}; this group saved step {end.step}: restart the lighthouse and relaunch the groups "
+                         "to resume")
+    raise type(lost)(f"{lost}; step {end.step} not saved (checkpoint.enable is false, or checkpoint.load_only)")
+
+
 class MetricsLog:
     """The metrics log line of every `metrics.log_freq`-th step (and the first and last), with its token count."""
 
     def __init__(self, metrics: MetricsLogger, state: TrainState) -> None:
         self.metrics, self.state = metrics, state
         self.logged_tokens = 0
+        self.recoveries = 0.0
 
     def start(self) -> None:
         self.metrics.start(self.state.step, self.state.tokens_seen)
@@ -136,8 +155,11 @@ class MetricsLog:
         if self.metrics.should_log(end.step):
             # A dataset mixture: each source's tokens so far, which the loader counts from its position.
             metrics = {**whole_metrics(end.metrics), **self.state.dataloader.tokens_seen_by_source()}
-            self.metrics.log(end.step, metrics, end.tokens_seen - self.logged_tokens)
-            self.logged_tokens = end.tokens_seen
+            # A replica group that took a live peer's state took its token count too: no throughput for that window.
+            recoveries = float(end.metrics.get("ft/recoveries", 0.0))
+            tokens = end.tokens_seen - self.logged_tokens if recoveries == self.recoveries else None
+            self.metrics.log(end.step, metrics, tokens, tokens_seen=end.tokens_seen)
+            self.logged_tokens, self.recoveries = end.tokens_seen, recoveries
 
 
 class Preemption:

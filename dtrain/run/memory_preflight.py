@@ -1,59 +1,9 @@
 """Pre-flight memory check: refuse a run whose memory cannot fit, before anything is allocated on the device.
 
 It runs on every rank between ``parallelize`` and ``to_empty``, while the model parts are still on the meta device:
-their local shards already have their final shapes, so what this rank will hold is known without holding it.
-
-The estimate, in bytes on this rank's device:
-
-- params, grads: the local shards of the parameters (``memory_footprint``), one gradient per trainable parameter
-  in its dtype; grad buckets: under DDP as much again, for the reducer's flat gradient buckets. Under QLoRA
-  (``lora.quantize_base``) the adapted linears' frozen bases count at torchao NF4's bytes (``qlora.nf4_bytes``,
-  ~0.52 per value), though the start-up holds them in their dtype while it loads them, before quantizing.
-- optimizer: Adam(W) keeps two moments like each trainable parameter, plus a 4-byte step count per parameter;
-  torchao's low-bit ones keep the moments of large tensors quantized (``dtrain.step.optimizer.moment_bytes``).
-- optimizer step: foreach Adam's temporaries, one parameter-sized list (fused Adam and torchao's per-parameter
-  compiled step have none to speak of).
-- gathered (FSDP only): block parameters all-gathered in ``training.mixed_precision_param``, two blocks at a time
-  (the one computing and the one prefetched), or every block with ``fsdp_reshard_after_forward = never``.
-- batches: every microbatch of a step, as the loop holds them at once: ``input_ids`` and ``labels`` (and
-  ``document_ids`` under document masking), int64.
-- activations: what autograd keeps for backward, per token of a microbatch, for the shared pre-norm decoder with
-  RMSNorm, SwiGLU and SDPA (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-  Models", redone for this block; SDPA's fused kernels keep no s x s scores, so there is no term in s^2). With
-  ``a`` the compute dtype's bytes, ``h`` the model dim, ``q = n_heads * head_dim`` (keys and values are repeated
-  to it for grouped-query attention), ``kv = n_kv_heads * head_dim``, ``f`` the FFN width on one TP rank (the
-  dense FFN's width / tp; for an MoE layer the ``top_k`` routed experts' whole width, which TP does not split,
-  plus the shared experts' / tp, and ``3 a k h`` for its sorted token copies: ``feed_forward_width``,
-  ``routed_copies``; not measured yet) and ``V`` the vocab::
-
-      norm  = (4 + a) h / sp + a h              fp32 input and normed value (split along the sequence under SP)
-                                                + the output the next linear keeps (gathered whole under SP)
-      layer = 2 norm + a (4 q / tp + 4 f)       + SDPA's q, k, v, output; SwiGLU's w1, w3, silu and product
-              [+ (4 + a) (q + kv) / tp]         + QK-norm's input and normed value, where the model has it
-              [+ cp extra]                      + under context parallel, the whole sequence's keys and values
-                                                where gathered: ``context_parallel_extra``
-              [+ a s]                           + where attention runs with a mask (document masking; context
-                                                parallel's masked path), the [s, s] (under CP [s/cp, s]) mask
-                                                SDPA keeps in the compute dtype: ``attention_mask_extra``
-      head  = norm + 12 V / lp                  + fp32 log-softmax output, its gradient and the logits' gradient
-
-  A layer under full activation checkpointing keeps only its input, ``a h / sp``; under selective-by-op AC its
-  input and the saved matmul and attention outputs, ``a (h / sp + 2 h + (2 q + 2 kv) / tp + 2 f)``. ``tp``
-  divides heads and FFN, ``sp = tp`` under sequence parallel and ``lp = tp`` under loss parallel (else 1). The
-  peak is the kept layers plus the larger of the head's working set and, when some layer is checkpointed, one
-  layer recomputed in backward with two FFN-wide gradients, ``layer + 2 a f``. Under a memory budget ``m``
-  (compile's partitioner) a layer keeps ``checkpointed + m (layer - checkpointed)`` and backward recomputes the
-  rest of one layer (the partitioner's choice of ops is not modelled):
-  ``tokens * (in_flight * sum(kept per layer) + max(head, recomputed layer))``, with ``tokens`` those of one
-  microbatch (of one pipeline microbatch under PP; divided by CP) and ``in_flight`` the pipeline microbatches a
-  stage holds (all of them for GPipe and LoopedBFS, at most ``pp`` for the others, 1 without PP).
-
-The peak is ``params + grads + optimizer + batches + max(activations + gathered, optimizer step)``: activations
-live during forward and backward, the optimizer step's temporaries after them. Against a tracker of every live
-tensor (tests/run/test_memory_preflight.py) the activations are within 2% of the measured backward peak
-(fp32 and bf16, Llama 3 and Qwen3 debug shapes), and the whole estimate is 0-18% above the measured peak of a
-step in every AC mode: it adds all gradients to the activations, though backward frees the one as it makes the
-other. Left out: buffers (the RoPE table), ``torch.compile``'s own choices, fragmentation and the CUDA context.
+their local shards already have their final shapes, so what this rank will hold is known without holding it. The
+estimate's terms and the activation formulas, with how close they come to measured peaks, are in docs/planning.md
+("The memory model").
 """
 
 from __future__ import annotations
@@ -68,12 +18,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dtrain.config.low_bit_optim import low_bit_format
 from dtrain.config.schema import Optimizer, Training
 from dtrain.errors import DtrainError
 from dtrain.models.decoder import DecoderArgs, decoder_layout
 from dtrain.parallelize import local_shard, memory_footprint
 from dtrain.parallelize.activation_checkpoint import parse_selective_option
-from dtrain.precision.low_bit_optim import low_bit_format
 from dtrain.run.layout import ParallelLayout
 from dtrain.run.layout_report import compute_dtype
 from dtrain.step.optimizer import kernel_flags, moment_bytes
@@ -316,8 +266,9 @@ def attention_mask_extra(layout: ParallelLayout, a: int, seq_len: int) -> float:
     """Per (local) token of a layer, the mask attention keeps for backward where it runs with one: SDPA turns each
     sequence's boolean mask (models/attention.py; context_parallel.py's masked path) into an additive one in the
     compute dtype and saves it, ``a`` bytes per key of the whole sequence (gathered under SP; one mask for all
-    heads, so TP does not divide it). Measured on CPU (tests/run/test_memory_preflight.py)."""
-    document_masking = layout.options.attention_mask == "block_causal"
+    heads, so TP does not divide it). Measured on CPU (tests/run/test_memory_preflight.py). FlexAttention's block
+    masks (per 128 x 128 tile) keep no such mask."""
+    document_masking = layout.options.attention_mask == "block_causal" and not layout.options.flex_attention
     cp_masked = layout.dims.cp > 1 and layout.options.cp_attention_path == "masked"
     return a * seq_len if document_masking or cp_masked else 0.0
 

@@ -29,8 +29,8 @@ from dtrain.config.schema import Training, Validation
 from dtrain.data import DataLoader, Tokenizer
 from dtrain.data.dataloader import Source, build_sample_source
 from dtrain.errors import ConfigError, DataError
+from dtrain.step.labels import IGNORE_INDEX
 from dtrain.step.state import RankCoordinates, TrainState
-from dtrain.step.train_step import IGNORE_INDEX
 
 logger = logging.getLogger("dtrain")
 
@@ -99,17 +99,27 @@ class Validator:
         return {"val_loss": val_loss, "val_perplexity": val_perplexity}
 
 
+def held_out_fraction(training: Training, v: Validation) -> float:
+    """The share of training's chat rows that validation holds out (training.chat.validation_fraction): where
+    [validation] reads chat data and names no path of its own while training reads the user's chat data (not the
+    bundled file); else 0. Training's loader and validation's both take it, so the held-out rows are validation's
+    alone."""
+    holds = v.enable and v.dataset == "chat" and not v.dataset_path and training.dataset == "chat"
+    return training.chat.validation_fraction if holds and training.dataset_path else 0.0
+
+
 def validation_data(v: Validation, training: Training) -> Training:
-    """The `[training]` data fields as `[validation]` sets them, for the data functions that read them."""
+    """The `[training]` data fields as `[validation]` sets them, for the data functions that read them (holding
+    out a share of training's chat data: training's path)."""
+    path = training.dataset_path if held_out_fraction(training, v) else v.dataset_path
     return replace(
-        training, dataset=v.dataset, dataset_path=v.dataset_path, seq_len=v.seq_len,
-        local_batch_size=v.local_batch_size,
+        training, dataset=v.dataset, dataset_path=path, seq_len=v.seq_len, local_batch_size=v.local_batch_size
     )
 
 
-def check_not_training_data(training: Training, validation: Training) -> str:
-    """Refuse validation data that is training's own (same kind and path, or for files a path inside the other's);
-    returns what the log says about their overlap."""
+def check_not_training_data(training: Training, validation: Training, held_out: float = 0.0) -> str:
+    """Refuse validation data that is training's own (same kind and path, or for files a path inside the other's)
+    unless it is the share of it held out (`held_out`); returns what the log says about their overlap."""
     kind = validation.dataset
     if kind == "builtin":
         return "training never reads it"
@@ -117,6 +127,9 @@ def check_not_training_data(training: Training, validation: Training) -> str:
         return "synthetic documents of another seed than training's"
     if kind == "chat" and not validation.dataset_path:
         return "the bundled held-out chat file, which training never reads"
+    if held_out:
+        return (f"{held_out:.0%} of training.dataset_path's conversations, held out "
+                "(training.chat.validation_fraction): training never reads them")
     val_path = _data_path(kind, validation.dataset_path)
     # Training reads one dataset, or each entry of its mixture.
     if training.dataset == "mixture":
@@ -151,7 +164,8 @@ def build_source_for_validation(v: Validation, training: Training, seed: int, to
     that name it."""
     try:
         return build_sample_source(
-            validation_data(v, training), tokenizer, seed=seed, split="validation", key="validation"
+            validation_data(v, training), tokenizer, seed=seed, split="validation", key="validation",
+            held_out=held_out_fraction(training, v),
         )
     except DataError as err:
         # The data functions name the [training] keys they read; here the [validation] keys gave them.
@@ -166,7 +180,7 @@ def build_validator(
     `debug.seed`; bad data fails here, at start-up."""
     if not v.enable:
         return None
-    overlap = check_not_training_data(training, validation_data(v, training))
+    overlap = check_not_training_data(training, validation_data(v, training), held_out_fraction(training, v))
     source = build_source_for_validation(v, training, seed, tokenizer)
     # One loader, rewound to the start of the validation set for every evaluation: [validation.dataloader] loads
     # ahead in the background like training's, and with persistent_workers its worker processes stay alive.

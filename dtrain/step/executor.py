@@ -3,19 +3,13 @@
 `train_step` is the same code on every layout. What differs is whether this rank runs its whole model
 (`LocalExecutor`: every layout without pipeline parallelism) or hands each microbatch to the pipeline schedule over
 its stages (`PipelineExecutor`); the trainer picks one when it builds the state (run/build_state.py). An
-executor holds no training state: the model parts and parameters come from the `TrainState` on every call. It
-calls the step's loss (train_step.py's `StepLoss`) in the loss's context and scales it by what the step passes.
+executor holds no training state: the model parts and parameters come from the `TrainState` on every call.
 `evaluate` is the forward-only path of validation (run/validation.py) on the same layout.
 
-A family's optional step hooks (`FamilySpec.extra_loss`, `FamilySpec.after_optimizer_step`) run here, so the step
-never names a family. The extra loss term (the MoE auxiliary loss) is added to the objective after the forward
-on one rank's whole model, and to each stage's own backward under pipeline parallel
-(parallelize/pipeline_extra_loss.py); both take the mean over all the model's terms, whose number is counted once
-when the executor is built. Nothing here reads a tensor on the host.
-
-A dataset mixture's loss is also summed by source (step/source_loss.py): the loss gets labels and source ids as one
-target (`Loss.target`), and `source_loss_sums` hands the step this layout's sums (all-reduced over the pipeline
-ranks, like the loss, since only the last stage computes them).
+A family's optional step hooks (`FamilySpec.extra_loss`, `after_optimizer_step`) run here, so the step never
+names a family; the extra loss is the mean over all the model's terms, counted once when the executor is built
+(parallelize/pipeline_extra_loss.py under pipeline parallel). A mixture's loss is also summed by source
+(step/source_loss.py, `source_loss_sums`). Nothing here reads a tensor on the host.
 """
 
 from __future__ import annotations
@@ -49,6 +43,9 @@ class Loss(Protocol):
 
     def target(self, microbatch: Microbatch) -> torch.Tensor:
         """What the loss is given for `microbatch`: its labels, with the source ids of a mixture."""
+
+    def count(self, microbatch: Microbatch) -> torch.Tensor:
+        """What the step divides the summed loss by, this microbatch's part: label tokens, or preference pairs."""
 
     def context(self) -> contextlib.AbstractContextManager:
         """The context forward, loss and backward run in."""

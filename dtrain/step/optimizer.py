@@ -11,9 +11,9 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from dtrain.config.low_bit_optim import low_bit_format, quantizes
 from dtrain.parallelize import local_shard
-from dtrain.precision.low_bit_optim import low_bit_format, quantizes
-from dtrain.precision.torchao_import import quiet_torchao_import
+from dtrain.step.torchao_import import quiet_torchao_import
 
 # torch 2.13 advises once per class that torchao's state tensors define _stable_hash_for_caching; its default hash
 # of their inner tensors keys them correctly (the DTensor case is with_own_compile_cache_key's), so the advice is

@@ -1,7 +1,7 @@
 """Explicit randomness: every random stream is derived from (seed, purpose, step, mesh coordinates).
 
 Deriving instead of carrying one global generator means a result never depends on how many steps ran in this
-process, and a resumed run continues the same streams (DESIGN §3).
+process, and a resumed run continues the same streams (docs/architecture.md, "Following one step").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """TrainState: everything that changes during training, in one object that DCP saves and loads as a unit, beside
 `StepSetup`, the frozen part the step reads but never changes (executor, seed, clipping, rank coordinates).
 
-Nothing that affects the next step lives outside it (DESIGN §3). Random streams are not saved because they are
+Nothing that affects the next step lives outside it (docs/architecture.md, "Following one step"). Random streams are not saved because they are
 derived from (seed, step, coordinates) at every step (see rng.py), so `seed` and `step` are the whole RNG state.
 
 The saved keys do not depend on the parallel layout, so that a checkpoint reshards: model weights and optimizer
@@ -30,10 +30,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from dtrain.step.optimizer import OptimizersContainer
+from dtrain.step.replica_sync import OneGroup, ReplicaSync
 
 if TYPE_CHECKING:
     from dtrain.step.executor import StepExecutor
-    from dtrain.step.replica_sync import ReplicaSync
 
 # Optimizer state keyed "state.<param fqn>.<name>" / "param_groups.<param fqn>.<name>": no layout-dependent indices.
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -61,7 +61,8 @@ class RankCoordinates:
 class StepSetup:
     """What the step reads and never changes, fixed for the whole run: how it runs on this layout (`executor`,
     chosen once), the seed of its random streams, the clipping norm, training.skip_nonfinite_steps, this
-    rank's coordinates (a world of one by default) and, in a fault-tolerant run, the replica groups it steps with.
+    rank's coordinates (a world of one by default) and how it synchronises with other replica groups (one group by
+    default; torchft's groups in a fault-tolerant run).
     Not saved, except the seed that a resume checks."""
 
     executor: StepExecutor
@@ -69,7 +70,7 @@ class StepSetup:
     max_norm: float
     skip_nonfinite_steps: int = 0
     rank: RankCoordinates = field(default_factory=RankCoordinates)
-    replicas: ReplicaSync | None = None
+    replicas: ReplicaSync = field(default_factory=OneGroup)
 
 
 @dataclass

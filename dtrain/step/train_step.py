@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from dtrain.parallelize import ParallelDims, local_loss, loss_parallel_context
+from dtrain.step.labels import IGNORE_INDEX
 from dtrain.step.nonfinite import Diverged, diverged_message, finite_on_every_rank, local_value
 from dtrain.step.rng import seed_everything
 from dtrain.step.source_loss import SourceLoss
 from dtrain.step.state import TrainState
 
-IGNORE_INDEX = -100
 logger = logging.getLogger("dtrain")
 
 
@@ -71,6 +71,11 @@ class StepLoss:
             return self.sources(output, target)
         return self.fn(output, target)
 
+    @staticmethod
+    def count(microbatch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """What the step divides the summed loss by, this microbatch's part: its label tokens."""
+        return (microbatch["labels"] != IGNORE_INDEX).sum()
+
     def unrecorded(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The loss without adding to a mixture's per-source sums: of a pipeline stage's metadata inference."""
         return self.fn(output, target[..., 0] if target.dim() == 3 else target)
@@ -83,69 +88,86 @@ class StepLoss:
 def train_step(state: TrainState, microbatches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor] | None:
     """One optimizer step over this rank's microbatches (gradient accumulation when there are several).
 
-    The loss is normalised by the number of valid tokens in the whole global batch, not per microbatch, so the
-    same global batch gives the same loss and gradient however it is split over microbatches and ranks.
-    ``loss`` is that cross-entropy alone (as torchtitan logs it); a family's extra loss term (the MoE auxiliary
-    loss) is reported apart as ``aux_loss``, and the objective is their sum.
-
-    In a fault-tolerant run (`setup.replicas`) the global batch is that of the replica groups taking part in the
-    step: tokens, loss and gradients are also summed over the groups, and a step that failed in any group is
-    discarded by all (None is returned: nothing changed but the data position).
+    The loss is normalised by the count of the whole global batch (its valid tokens), so the same global batch
+    gives the same loss and gradient however it is split over microbatches and ranks. ``loss`` is that loss alone
+    (as torchtitan logs it); a family's extra term (the MoE auxiliary loss) is reported apart as ``aux_loss``.
+    The step is synchronised with other replica groups by `setup.replicas`, a strategy chosen once (one group by
+    default); a step they discard returns None (nothing changed but the data position).
     """
     setup = state.setup
     executor, rank, replicas = setup.executor, setup.rank, setup.replicas
-    if replicas is not None:
-        replicas.start_step()  # a group that was behind takes a live peer's state here, before its forward
-    sum_over_batch = rank.reduce_over_dp if replicas is None else lambda t: replicas.sum(rank.reduce_over_dp(t))
+    if not replicas.start_step():  # a group that was behind takes a live peer's state here, before its forward
+        return None
+
+    def sum_over_batch(tensor: torch.Tensor) -> torch.Tensor:
+        return replicas.sum(rank.reduce_over_dp(tensor))
+
     seed_everything(setup.seed, "step", state.step, *rank.rng_coords)
     if rank.shard_sequence is not None:  # context parallel: this rank's tokens of every sequence
         microbatches = [rank.shard_sequence(mb) for mb in microbatches]
-    local_tokens = sum((mb["labels"] != IGNORE_INDEX).sum() for mb in microbatches)
-    global_tokens = sum_over_batch(local_tokens)
-    # The executor scales the summed loss by `grad_scale` before backward. Data-parallel gradient reduction
-    # averages over the dp (and cp) ranks; scaling by their number turns that average into the sum that a division
-    # by the global token count needs.
-    grad_scale = rank.dp_size * rank.cp_size / global_tokens
-    # A family's extra loss term counts once per step: the mean over the microbatches. Each rank computes its
-    # share of a microbatch's term (models/moe.py); the shares' gradients are averaged like the loss's, so the
-    # same dp x cp factor turns that average into their sum.
-    extra_loss_weight = rank.dp_size * rank.cp_size / len(microbatches)
-    loss_sum = torch.zeros((), device=global_tokens.device)
-    extra_sum = torch.zeros((), device=global_tokens.device)
-    for mb in microbatches:
-        mb_loss, mb_extra = executor.forward_backward(state.model_parts, mb, grad_scale, extra_loss_weight)
-        loss_sum += mb_loss
-        extra_sum += mb_extra
-    if replicas is not None:
-        replicas.reduce_gradients(state.parameters)
+    global_tokens = sum_over_batch(sum(executor.loss.count(mb) for mb in microbatches))
+    loss_sum, extra_sum = accumulate_gradients(state, microbatches, global_tokens)
+    replicas.reduce_gradients(state.parameters)
     grad_norm = executor.clip_grad_norm(state.parameters, setup.max_norm)
     totals = sum_over_batch(torch.stack([loss_sum, extra_sum]))
     loss = totals[0] / global_tokens
     extra_metrics = {"aux_loss": totals[1] / len(microbatches)} if executor.has_extra_loss else {}
-    sources = executor.loss.sources
-    if sources is not None:  # a dataset mixture: each source's loss and tokens (source_loss.py)
-        source_sums = executor.source_loss_sums(global_tokens.device)
-        extra_metrics.update(sources.step_metrics(source_sums, sources.tokens(microbatches), sum_over_batch))
-    if replicas is not None and not replicas.should_commit():
+    if executor.loss.sources is not None:  # a dataset mixture: each source's loss and tokens (source_loss.py)
+        extra_metrics.update(source_metrics(executor, microbatches, sum_over_batch, global_tokens.device))
+    if not replicas.should_commit():
         state.optimizer.zero_grad(set_to_none=True)
         return None
+    lr = apply_update(state, loss, grad_norm)
+    tokens = sum(mb["input_ids"].numel() for mb in microbatches) * rank.dp_size * rank.cp_size
+    state.tokens_seen += tokens * max(1, replicas.participants)
+    return {
+        "loss": loss, **extra_metrics, "grad_norm": grad_norm, "lr": lr,
+        **executor.step_metrics(state.model_parts), **replicas.metrics(),
+    }
+
+
+def accumulate_gradients(
+    state: TrainState, microbatches: list[dict[str, torch.Tensor]], global_count: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward of every microbatch: the summed loss and the summed extra term of this rank."""
+    executor, rank = state.setup.executor, state.setup.rank
+    # The executor scales the summed loss by `grad_scale` before backward. Data-parallel gradient reduction
+    # averages over the dp (and cp) ranks; scaling by their number turns that average into the sum that a division
+    # by the global count needs.
+    grad_scale = rank.dp_size * rank.cp_size / global_count
+    # A family's extra loss term counts once per step: the mean over the microbatches. Each rank computes its
+    # share of a microbatch's term (models/moe.py); the shares' gradients are averaged like the loss's, so the
+    # same dp x cp factor turns that average into their sum.
+    extra_loss_weight = rank.dp_size * rank.cp_size / len(microbatches)
+    loss_sum = torch.zeros((), device=global_count.device)
+    extra_sum = torch.zeros((), device=global_count.device)
+    for mb in microbatches:
+        mb_loss, mb_extra = executor.forward_backward(state.model_parts, mb, grad_scale, extra_loss_weight)
+        loss_sum += mb_loss
+        extra_sum += mb_extra
+    return loss_sum, extra_sum
+
+
+def source_metrics(executor, microbatches: list[dict[str, torch.Tensor]], sum_over_batch: Callable,
+                   device: torch.device) -> dict[str, torch.Tensor]:
+    sources = executor.loss.sources
+    return sources.step_metrics(executor.source_loss_sums(device), sources.tokens(microbatches), sum_over_batch)
+
+
+def apply_update(state: TrainState, loss: torch.Tensor, grad_norm: torch.Tensor) -> float:
+    """The optimizer and LR-schedule step of a committed step; returns the learning rate it used."""
+    setup = state.setup
     # Only under training.skip_nonfinite_steps does the step read the device (see nonfinite.py).
     if setup.skip_nonfinite_steps == 0 or finite_on_every_rank(loss, grad_norm):
         state.optimizer.step()
-        executor.after_optimizer_step(state.model_parts)
+        setup.executor.after_optimizer_step(state.model_parts)
     else:
         skip_update(state, loss, grad_norm)
     state.optimizer.zero_grad(set_to_none=True)
     lr = state.lr_scheduler.get_last_lr()[0]
     state.lr_scheduler.step()
     state.step += 1
-    groups = 1 if replicas is None else replicas.participants or 1
-    state.tokens_seen += sum(mb["input_ids"].numel() for mb in microbatches) * rank.dp_size * rank.cp_size * groups
-    return {
-        "loss": loss, **extra_metrics, "grad_norm": grad_norm, "lr": lr,
-        **executor.step_metrics(state.model_parts),
-        **(replicas.metrics() if replicas is not None else {}),
-    }
+    return lr
 
 
 def skip_update(state: TrainState, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:

@@ -1,19 +1,11 @@
 """Hugging Face adapter of the DeepSeek-V3 family: DeepseekV3ForCausalLM's names, expert layout and config.json.
 
 Names: ours are torchtitan's (``layers.N.attention.wkv_a.weight``, ...), HF's ``model.layers.N.self_attn.
-kv_a_proj_with_mqa.weight``, ... Layout: every tensor keeps its layout, except that HF stores each routed
-expert's projections as separate tensors (``mlp.experts.J.gate_proj.weight``, ``up_proj``, ``down_proj``) where we
-stack them (``moe.experts.w1`` ``[E, hidden, dim]``, ``w3``, ``w2``). RoPE needs no reordering: HF's DeepseekV3
-rotates interleaved pairs as we do (``rope_interleave``, its default); it lays the rotated features out
-de-interleaved, for queries and keys alike, which changes no score.
-
-What HF's DeepseekV3 computes that this family does not represent is refused in one line: softmax routing (HF
-routes by sigmoid), FP8-quantized checkpoints (dequantize them first), rotate-half RoPE, attention biases, other
-activations; and, on export, what our args compute that HF's cannot: a latent norm eps other than its fixed 1e-6,
-the final norm's dtype eps (torchtitan's flavors have both). YaRN that this model leaves off at its max_seq_len
-(``rope_scaling_beyond_original_only``) is exported as plain RoPE, which is what it computes. Its
-multi-token-prediction layers (``num_nextn_predict_layers``, stored as extra layers) are not part of this model and
-are not read.
+kv_a_proj_with_mqa.weight``, ... Every tensor keeps its layout, except that HF stores each routed expert's
+projections separately (``mlp.experts.J.gate_proj.weight``, ...) where we stack them (``moe.experts.w1``
+``[E, hidden, dim]``, ``w3``, ``w2``). RoPE needs no reordering (HF's ``rope_interleave`` default). What either
+side computes that the other cannot represent is refused in one line (docs/models.md, "DeepSeek-V3 and Hugging
+Face" lists it).
 
 The interface is the one dtrain/checkpoint/hf_io.py reads and writes through: ``hf_names``, ``from_hf``,
 ``to_hf_tensors`` (one of our tensors may stack several of HF's), ``hf_config``, ``check_hf_config``.

@@ -1,28 +1,13 @@
 """The DeepSeek-V3 transformer in plain single-device PyTorch: multi-head latent attention (MLA) and a
 mixture-of-experts feed-forward after the first dense blocks.
 
-Parameter names (FQNs) are torchtitan's, so checkpoints move between the two projects: ``tok_embeddings``;
-``layers.N.attention.{wq | wq_a, q_norm, wq_b}, wkv_a, kv_norm, wkv_b, wo``; ``layers.N.feed_forward.{w1,w2,w3}``
-(dense blocks) or ``layers.N.moe.*`` (models/moe.py); ``layers.N.attention_norm``, ``layers.N.ffn_norm``;
-``norm``; ``output``.
-
-It keeps the decoder protocol (``dtrain.models.decoder``) and the attention seam (``dtrain.models.attention``) of
-the shared decoder (models/transformer.py), so that the shared parallelize code treats its blocks like the others:
-a block and its attention take ``(x, rope_cache, positions, document_ids=None)``, attention derives its number
-of heads from the projected tensors (tensor parallel leaves each rank a share of them), and the inner attention
-receives whole per-head queries, keys and values (MLA's keys and values are per head: no grouping).
-
-Two things adapt MLA to that seam:
-- values have ``v_head_dim`` features, queries and keys ``qk_head_dim``; the values are zero-padded to
-  ``qk_head_dim`` and the padding dropped from the output, so that every inner attention (flash kernels, the KV
-  cache, context parallel) sees one head size. Exact, at ``qk/v`` times the value traffic (1.5x for the flavors);
-- the softmax scale is ``mscale**2 / sqrt(qk_head_dim)`` under YaRN (yarn.py); the queries are multiplied by
-  ``mscale**2`` so that the inner attention's default ``1 / sqrt(head_dim)`` gives it.
-
-Initialisation is the shared decoder's (models/transformer.py), torchtitan 0.2.2's: std 0.02 for the projections
-into attention and the FFNs (wq or wq_a/wq_b, wkv_a, wkv_b, w1), ``0.02 / sqrt(2 (layer_id + 1))`` for what writes
-into the residual stream and for the router's gate (wo, w2/w3 of the FFN and of the routed and shared experts), a
-plain normal of std 1 for the embedding, ``dim ** -0.5`` truncated at 3 std for the head; norms ones.
+Parameter names are torchtitan's (docs/models.md, "Parameter names"), and initialisation is the shared
+decoder's (models/transformer.py). The model keeps the decoder protocol (``dtrain.models.decoder``) and the
+attention seam (``dtrain.models.attention``), so the shared parallelize code treats its blocks like the others:
+attention takes ``(x, rope_cache, positions, document_ids=None)``, derives its number of heads from the
+projected tensors, and hands the inner attention whole per-head queries, keys and values. MLA is fitted to that
+seam by zero-padding the values to ``qk_head_dim`` and by folding YaRN's ``mscale**2`` into the queries
+(docs/models.md, "DeepSeek-V3: MLA on the shared seams").
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from reshard_worlds import layout_state
 from torch.distributed.tensor import DTensor
 
 from dtrain.checkpoint import check_checkpoint_config
-from dtrain.checkpoint.restore import check_optimizer
+from dtrain.checkpoint.optimizer_checks import check_optimizer
 from dtrain.errors import ConfigError, DtrainError
 from dtrain.step.train_step import train_step
 

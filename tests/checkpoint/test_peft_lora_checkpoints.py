@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_helpers import FAMILY_ARGS, TINY_ARGS, make_cfg, tiny_model, tiny_state, train
+from checkpoint_helpers import TINY_ARGS, make_cfg, tiny_model, tiny_state, train
 from peft_helpers import ATTENTION_AND_MLP, lora_model, save_base_hf
 
 from dtrain.checkpoint import CheckpointManager, dcp_io

@@ -13,7 +13,8 @@ import pytest
 
 from dtrain.config import load_config
 from dtrain.config.fields import config_fields
-from dtrain.config.torchtitan_keys import TORCHTITAN_ONLY, TORCHTITAN_V0_2_2_KEYS
+from dtrain.config.torchtitan_comparison import TORCHTITAN_V0_2_2_KEYS
+from dtrain.config.torchtitan_keys import TORCHTITAN_ONLY
 from dtrain.config.torchtitan_table import splice_torchtitan_table
 from dtrain.errors import ConfigError
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import replace
 
 import pytest
 import torch
 
-from dtrain.config.schema import Chat, DataLoader as DataLoaderConfig, JobConfig
+from dtrain.config.schema import DataLoader as DataLoaderConfig, JobConfig
+from dtrain.config.schema_chat import Chat
 from dtrain.data import ByteTokenizer, build_dataloader
 from dtrain.data.dataloader import build_sample_source
-from dtrain.step.train_step import IGNORE_INDEX
+from dtrain.step.labels import IGNORE_INDEX
 
 TOKENIZER = ByteTokenizer()
 ANSWERS = ["4.", "six", "The answer is 10."]
@@ -205,3 +207,21 @@ def test_samples_per_pass_counts_the_windows_of_one_pass(tmp_path):
         filled += length
     whole = windows - (filled + lengths[0] <= 101)  # the last window takes the next pass's first conversation
     assert build_sample_source(training(tmp_path, rows), TOKENIZER, seed=0).samples_per_pass() == whole
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_pass_line_says_how_full_the_sequences_are(tmp_path, caplog, packed):
+    """Per sequence of the first pass: conversation, trained and padding tokens (what packing saves)."""
+    with caplog.at_level(logging.INFO, logger="dtrain"):
+        batches(training(tmp_path, chats(4), packed=packed), 4)  # 8 windows: into the second pass
+    (line,) = [r.message for r in caplog.records if "chat data, pass 0" in r.message]
+    found = re.search(r"(\d+) of their (\d+) tokens are trained; (\d+) sequences, each on average ([\d.]+) "
+                      r"conversation tokens \((\d+)% full\), ([\d.]+) trained, ([\d.]+) padding", line)
+    trained, tokens, windows = (int(found[i]) for i in (1, 2, 3))
+    placed, full, trained_each, padding = (float(found[i]) for i in (4, 5, 6, 7))
+    assert placed + padding == pytest.approx(101, abs=0.1) and full == round(100 * placed / 101)
+    if packed:  # [0, 1], [2], [3 + the next pass's 0]: the last sequence is the pass's
+        assert windows == 3 and placed * 3 > tokens
+    else:
+        assert windows == 4 and placed * 4 == pytest.approx(tokens, abs=0.2)
+        assert trained_each * 4 == pytest.approx(trained, abs=0.2)

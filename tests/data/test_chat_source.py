@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dtrain.config.schema import Chat
+from dtrain.config.schema_chat import Chat
 from dtrain.data.chat_packing import ChatSamples
 from dtrain.data.chat_source import BUNDLED, build_chat_rows, conversation
 from dtrain.data.chat_template import PlainChatTemplate

@@ -10,7 +10,8 @@ import logging
 import numpy as np
 import pytest
 
-from dtrain.data.chat_template import JinjaChatTemplate, PlainChatTemplate, build_chat_template
+from dtrain.data.chat_template import JinjaChatTemplate, PlainChatTemplate
+from dtrain.data.chat_template_choice import build_chat_template
 from dtrain.data.hf_tokenizer import HFTokenizer
 from dtrain.data.tokenizer import ByteTokenizer
 from dtrain.errors import DataError

@@ -87,7 +87,9 @@ def test_a_missing_local_copy_gives_the_download_command(make_config, tmp_path, 
         source(make_config, kind)  # the default path, ./assets/datasets/c4
     message = str(info.value)
     assert f"python scripts/download_hf_assets.py {command} --local_dir ./assets/datasets/c4" in message
-    assert message.startswith("training.dataset_path './assets/datasets/c4' does not exist") and "\n" not in message
+    absolute = tmp_path / "assets" / "datasets" / "c4"  # named absolute: a relative path is the launch folder's
+    assert message.startswith(f"training.dataset_path './assets/datasets/c4' ({absolute}) does not exist")
+    assert "\n" not in message
 
 
 def test_a_copy_without_the_validation_shards_says_how_to_fetch_them(make_config, tmp_path):

@@ -16,19 +16,13 @@ import numpy as np
 import pytest
 
 from dtrain.data import ByteTokenizer
+from dtrain.data.corpus_input import SOURCE_STRIDE, ConcatSource, open_input
 from dtrain.data.file_readers import FILE_STRIDE
 from dtrain.data.packing import document_tokens
+from dtrain.data.shard_verify import verify
 from dtrain.data.sources import DocumentSource, FilesSource, SyntheticSource
 from dtrain.data.token_shards import TokenShards, token_dtype
-from dtrain.data.tokenize_corpus import (
-    SOURCE_STRIDE,
-    ConcatSource,
-    Progress,
-    command_line_message,
-    open_input,
-    tokenize_corpus,
-    verify,
-)
+from dtrain.data.tokenize_corpus import Progress, command_line_message, tokenize_corpus
 from dtrain.errors import DataError
 
 REPO = Path(__file__).resolve().parents[2]

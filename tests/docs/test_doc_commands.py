@@ -24,13 +24,24 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from doc_pages import Block, Checkout, command_blocks, environment_has, newest_step, run_train_with
+from doc_pages import (
+    Block,
+    Checkout,
+    checked_config,
+    command_blocks,
+    environment_has,
+    hf_generation,
+    newest_step,
+    run_python,
+    run_train_with,
+    tiny_hf_model,
+    with_models,
+)
 from run_train_helpers import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch_independent]
 
 SHORT = ("--training.steps", "2")
-CHECK_CONFIG = ("--job.print_config",)
 TORCHTITAN_TOMLS = REPO / "tests" / "config" / "torchtitan_v0_2_2"
 
 Check = Callable[[Checkout, list[str]], None]
@@ -60,52 +71,6 @@ def check_key(block: Block) -> tuple[str, str] | None:
     return max(found, key=lambda key: len(key[1]), default=None)
 
 
-def run_python(checkout: Checkout, source: str) -> str:
-    (checkout.root / "snippet.py").write_text(source)
-    return checkout.ok("python snippet.py")
-
-
-def tiny_hf_model(folder: Path, family: str) -> None:
-    """A random transformers model of `family` with a byte-level tokenizer, saved as a Hugging Face folder."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(["Hello world, hello docs."], trainers.BpeTrainer(
-        vocab_size=280, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    folder.mkdir(parents=True)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, vocab_size=320, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False)
-    config = (transformers.Qwen3Config(**shape, head_dim=16) if family == "qwen3"
-              else transformers.LlamaConfig(**shape))
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-
-
-def with_models(command: str, checkout: Checkout) -> str:
-    return command.replace(" /models/", f" {checkout.root}/hf_models/")
-
-
-def hf_generation(checkout: Checkout, command: str) -> None:
-    if not (checkout.root / "hf_models" / "Qwen3-0.6B").exists():
-        tiny_hf_model(checkout.root / "hf_models" / "Qwen3-0.6B", "qwen3")
-    assert "ids: " in checkout.ok(with_models(command, checkout))
-
-
-def checked_config(checkout: Checkout, command: str) -> str:
-    """`command`'s config as the launch would resolve it (keys, types, choices and bounds checked; nothing run:
-    `--job.print_config` answers before the pre-flight that needs the world, the assets and the memory)."""
-    printed = checkout.ok(run_train_with(command, *CHECK_CONFIG))
-    assert "[training]" in printed
-    return printed
-
-
-# README.md: the tour, top to bottom.
 @check("README.md", "./run_train.sh               # train")
 def readme_quick_start(checkout: Checkout, lines: list[str]) -> None:
     train, quick, whole = lines
@@ -307,7 +272,8 @@ def fine_tuning_base(checkout: Checkout, lines: list[str]) -> None:
 @check("docs/fine-tuning.md", "./run_train.sh --config debug_chat --checkpoint.initial_load_path")
 def fine_tuning_lora(checkout: Checkout, lines: list[str]) -> None:
     out = checkout.ok(run_train_with(at_step_2(lines[0]), *SHORT))
-    said = "adapters loaded from adapter_out" if "initial_adapter_path" in lines[0] else "LoRA adapters only"
+    said = "adapters loaded from outputs/chat_lora/exports/peft-step-2" if "initial_adapter_path" in lines[0] else (
+        "LoRA adapters only")
     assert said in out, out[-3000:]
 
 
@@ -319,11 +285,46 @@ def fine_tuning_qlora(checkout: Checkout, lines: list[str]) -> None:
 @check("docs/fine-tuning.md", "./run_generate.sh --checkpoint outputs/chat_lora")
 def fine_tuning_exports(checkout: Checkout, lines: list[str]) -> None:
     generate, to_peft, to_hf = (at_step_2(line) for line in lines)
-    assert "text: " in checkout.ok(generate)
+    # The chat mode in the run's template (the byte tokenizer's plain one): one turn, answered on stdout.
+    said = checkout.ok(generate)
+    assert "chat: plain template" in said and "prompt tokens, " in said, said[-2000:]
     checkout.ok(to_peft)
-    assert (checkout.root / "adapter_out" / "adapter_config.json").is_file()
+    exports = checkout.root / "outputs" / "chat_lora" / "exports"  # beside the run's checkpoints
+    assert (exports / "peft-step-2" / "adapter_config.json").is_file()
     checkout.ok(to_hf)
-    assert (checkout.root / "merged_out" / "config.json").is_file()
+    assert (exports / "hf-step-2" / "config.json").is_file()
+
+
+@check("docs/preference-tuning.md", "./run_train.sh --config debug_dpo")
+def preference_dpo(checkout: Checkout, lines: list[str]) -> None:
+    out = checkout.ok(run_train_with(lines[0], *SHORT))
+    assert "preference loss sigmoid, beta 0.1; the reference is a frozen copy" in out and "training done" in out
+    metrics = json.loads((checkout.root / "outputs" / "debug_dpo" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {"rewards/margins", "rewards/accuracies", "logps/chosen", "logits/rejected"} <= set(metrics)
+
+
+@check("docs/preference-tuning.md", "./run_train.sh --config debug_dpo --lora.enable")
+def preference_lora(checkout: Checkout, lines: list[str]) -> None:
+    out = checkout.ok(run_train_with(lines[0], *SHORT))
+    assert "the reference is the base with the LoRA adapters disabled" in out and "training done" in out
+
+
+@check("docs/evaluation.md", "./run_train.sh --config debug_eval")
+def evaluation_walkthrough(checkout: Checkout, lines: list[str]) -> None:
+    train, evaluate = lines
+    trained = checkout.ok(run_train_with(train, *SHORT))
+    assert "eval/dtrain_tiny_choice/acc" in trained and "training done" in trained
+    assert (checkout.root / "outputs" / "debug_eval" / "checkpoint" / "step-2" / "eval_results.json").is_file()
+    evaluated = checkout.ok(evaluate)
+    assert "eval/dtrain_tiny_text/word_perplexity" in evaluated and "eval/dtrain_tiny_arithmetic" in evaluated
+
+
+@check("docs/evaluation.md", "./run_eval.sh --checkpoint /models/Qwen3-0.6B --hf")
+def evaluation_hf(checkout: Checkout, lines: list[str]) -> None:
+    if not (checkout.root / "hf_models" / "Qwen3-0.6B").exists():
+        tiny_hf_model(checkout.root / "hf_models" / "Qwen3-0.6B", "qwen3")
+    assert "eval/dtrain_tiny_choice/acc" in checkout.ok(with_models(lines[0], checkout))
+    assert (checkout.root / "outputs" / "eval_hf" / "eval_results.json").is_file()
 
 
 @check("docs/first-day.md", "")

@@ -47,6 +47,8 @@ def test_debug_chat_config_fine_tunes_on_assistant_tokens(tmp_path):
     assert [r["step"] for r in records] == [5, 10]
     assert all(r["val_perplexity"] == pytest.approx(math.exp(r["val_loss"])) for r in records)
     assert "the bundled held-out chat file, which training never reads" in output
+    # A fine-tuning config saves its last step: generation and export have something to read.
+    assert (run_dir / "checkpoint" / "step-10").is_dir() and "no checkpoint saved" not in output
 
 
 def test_a_row_without_an_answer_is_one_line_before_the_run_starts(tmp_path):

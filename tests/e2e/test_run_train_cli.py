@@ -21,6 +21,8 @@ def test_debug_model_trains_writes_outputs_and_is_deterministic(tmp_path):
     assert records[-1]["loss"] < records[0]["loss"] - 0.5
     assert list((first / "tb").glob("events.out.tfevents.*"))
     assert 'flavor = "debugmodel_gqa"' in (first / "config.toml").read_text()
+    last = result.stderr.strip().splitlines()[-1]
+    assert "training done: 8 steps" in last and "no checkpoint saved (checkpoint.enable = false)" in last
 
     assert run_train(*TINY, "--job.dump_folder", str(second)).returncode == 0
     assert [r["loss"] for r in read_metrics(second)] == [r["loss"] for r in records]

@@ -8,7 +8,8 @@ import torch
 from dtrain.config.schema_opt_in import FaultTolerance
 from dtrain.fault_tolerance.data_share import data_slot, job_rank_coordinates
 from dtrain.fault_tolerance.gradient_sum import buckets, sum_gradients
-from dtrain.fault_tolerance.replica_groups import ReplicaError, check_lighthouse
+from dtrain.fault_tolerance.quorum_members import ReplicaError
+from dtrain.fault_tolerance.replica_groups import check_lighthouse
 from dtrain.step.state import RankCoordinates
 
 

@@ -43,7 +43,7 @@ def test_a_killed_group_is_relaunched_recovers_live_and_ends_with_the_survivors_
                  "step of the relaunched group")
         survivor_step_at_rejoin = last_step(survivor.folder)
         assert survivor.running() and survivor_step_at_rejoin < STEPS, "the relaunched group joined too late"
-        _, err = finished_well(survivor, relaunched)
+        survivor_err, err = finished_well(survivor, relaunched)
 
     survivor_records = read_metrics(survivor.folder)
     alone = [r["step"] for r in survivor_records if r["step"] > KILL_AT and r["ft/participating_groups"] == 1]
@@ -56,7 +56,11 @@ def test_a_killed_group_is_relaunched_recovers_live_and_ends_with_the_survivors_
     second_life = read_metrics(relaunched.folder)[first_life:]
     assert second_life[0]["step"] > KILL_AT  # it continued from its peer's step, not from its own start
     assert second_life[-1]["step"] == STEPS and second_life[-1]["ft/recoveries"] >= 1
+    assert second_life[0]["tps"] is None  # its step of the live recovery: the peer's tokens, no throughput
     assert "recovered live at step" in err
+    # The loss and the rejoin are one line each in the survivor's log; torchft's tracebacks only with DTRAIN_TRACEBACK.
+    assert "replica group 0: group 1 lost at step" in survivor_err and "group 1 joined at step" in survivor_err
+    assert "Traceback" not in survivor_err, survivor_err[-3000:]
     assert_bitwise_equal(last_weights(relaunched.folder), last_weights(survivor.folder))
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.autograd.profiler_util import FunctionEvent
 
-from dtrain.config.schema import Profiling
+from dtrain.config.schema_observe import Profiling
 from dtrain.errors import ConfigError
 from dtrain.observe.profiler_events import name_compiled_graphs
 from dtrain.observe.profiler_table import OperatorRow, OperatorTable, format_table

@@ -16,9 +16,10 @@ import copy
 from dataclasses import dataclass, field, replace
 
 import torch
+from parity_converters import low_precision
 from torch.distributed.tensor import DTensor
 
-from dtrain.config.schema import JobConfig, LRScheduler, Optimizer
+from dtrain.config.schema import LRScheduler, Optimizer
 from dtrain.data.dataloader import document_ids
 from dtrain.models.deepseek_v3 import DeepSeekV3Args
 from dtrain.models.llama3 import Llama3Args
@@ -38,15 +39,16 @@ from dtrain.parallelize.mesh import ParallelMesh
 from dtrain.parallelize.mixed_precision import autocast_forward
 from dtrain.parallelize.pipeline_plan import PipelinePlan
 from dtrain.parallelize.pipeline_split import StageModule
-from dtrain.precision.float8 import Float8Training, build_float8_training
-from dtrain.precision.mx import MXTraining, build_mx_training
+from dtrain.precision.float8 import Float8Training
+from dtrain.precision.mx import MXTraining
 from dtrain.run.build_state import build_step_executor
 from dtrain.run.layout import ParallelLayout, rank_coordinates
 from dtrain.run.world import dp_rank_and_size
+from dtrain.step.labels import IGNORE_INDEX
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
 from dtrain.step.state import StepSetup, TrainState
-from dtrain.step.train_step import IGNORE_INDEX, StepLoss, train_step
+from dtrain.step.train_step import StepLoss, train_step
 
 ARGS = Llama3Args(
     dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=32, ffn_dim_multiplier=None, max_seq_len=16
@@ -207,44 +209,6 @@ def microbatches(
 
 def plain(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-def converter_config(converter: str, **keys) -> JobConfig:
-    """A config with `model.converters = [converter]` ("float8" or "mx") and these keys of its
-    [quantize.linear.<converter>] section."""
-    cfg = JobConfig()
-    cfg.model.converters = [converter]
-    section = getattr(cfg.quantize.linear, converter)
-    for key, value in keys.items():
-        setattr(section, key, value)
-    return cfg
-
-
-def float8_of(cfg: JobConfig, fsdp_enabled: bool) -> Float8Training | None:
-    """The trainer's float8 setup for `cfg`'s sections, on the CPU."""
-    return build_float8_training(
-        cfg.model.converters, cfg.quantize.linear.float8, cfg.parallelism.tensor_parallel_degree, fsdp_enabled,
-        torch.device("cpu"),
-    )
-
-
-def mx_of(cfg: JobConfig) -> MXTraining | None:
-    """The trainer's MX setup for `cfg`'s sections."""
-    return build_mx_training(cfg.model.converters, cfg.quantize.linear.mx)
-
-
-def float8_training(float8: dict | None, dims: ParallelDims) -> Float8Training | None:
-    """The trainer's float8 setup for a layout's [quantize.linear.float8] keys (None: no float8)."""
-    if float8 is None:
-        return None
-    return float8_of(converter_config("float8", **float8), dims.fsdp_enabled)
-
-
-def low_precision(
-    float8: dict | None, mx: dict | None, dims: ParallelDims
-) -> Float8Training | MXTraining | None:
-    """The trainer's converter for a layout's [quantize.linear.float8] or [quantize.linear.mx] keys, if any."""
-    return float8_training(float8, dims) if mx is None else mx_of(converter_config("mx", **mx))
 
 
 def new_state(

@@ -187,3 +187,17 @@ def test_ring_attention_is_torchs_context_parallel_style_which_has_no_cpu_kernel
     q, k, v = torch.randn(1, 8, 4, 8), torch.randn(1, 8, 2, 8), torch.randn(1, 8, 2, 8)
     with pytest.raises(NotImplementedError, match="flash_attention_for_cpu"):
         attention(q, k, v, torch.arange(8))
+
+
+@torch.no_grad()
+def test_flex_document_masking_over_gathered_keys_is_the_dense_mask(one_rank_cp_mesh):
+    """The CUDA document-masking path's block mask over a cp rank's query positions and the gathered key positions
+    and documents (forward only here: FlexAttention has no CPU backward; tests/parallelize/test_cuda.py runs both)."""
+    from dtrain.parallelize.context_parallel import cp_attention
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 256, 4, 8), torch.randn(2, 256, 2, 8), torch.randn(2, 256, 2, 8)
+    documents = torch.arange(256).div(48, rounding_mode="floor").expand(2, 256)
+    flex = cp_attention(one_rank_cp_mesh, "headtail", "allgather", "flex")
+    expected = CausalSDPA()(q, k, v, torch.arange(256), documents)
+    torch.testing.assert_close(flex(q, k, v, torch.arange(256), documents), expected, rtol=1e-5, atol=1e-5)

@@ -1,5 +1,6 @@
 """CUDA-only paths (skipped without a GPU): async TP switches inductor's micro-pipelining on, sharded init runs,
-context parallel's CUDA attention (torch's ring, and the masked all-gather) is causal attention."""
+context parallel's CUDA attention (torch's ring, and the masked all-gather) is causal attention, and its document
+masking (dense and FlexAttention) the dense document mask."""
 
 import os
 
@@ -74,6 +75,22 @@ def test_context_parallel_attention_on_one_cuda_rank_is_causal_attention(one_ran
     k, v = torch.randn(2, 16, 2, 64, device="cuda", dtype=dtype), torch.randn(2, 16, 2, 64, device="cuda", dtype=dtype)
     for got, want in zip(_attention_and_grads(attention, q, k, v), _attention_and_grads(CausalSDPA(), q, k, v)):
         torch.testing.assert_close(got.float(), want.float(), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("path", ["masked", "flex"])
+def test_context_parallel_document_masking_on_one_cuda_rank_is_the_dense_mask(one_rank_cp_mesh, path):
+    """Packed documents on one cp rank: the gathered keys' dense mask and FlexAttention's block mask both give the
+    dense document mask of the whole sequence and its gradients (fp32)."""
+    from dtrain.models.attention import CausalSDPA
+    from dtrain.parallelize.context_parallel import cp_attention
+
+    attention = cp_attention(one_rank_cp_mesh, "headtail", "allgather", path)
+    q = torch.randn(2, 256, 4, 64, device="cuda")
+    k, v = torch.randn(2, 256, 2, 64, device="cuda"), torch.randn(2, 256, 2, 64, device="cuda")
+    documents = torch.arange(256, device="cuda").div(48, rounding_mode="floor").expand(2, 256)
+    expected = _attention_and_grads(CausalSDPA(), q, k, v, documents)
+    for got, want in zip(_attention_and_grads(attention, q, k, v, documents), expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def _ring_rank(rank, world_size, load_balancer, rotate_method, seq=128, dtype=torch.float32):

@@ -10,11 +10,10 @@ import sys
 
 import pytest
 import torch
+from parity_converters import converter_config, float8_of
 from parity_layouts import (
     ARGS,
     build_parallel_model,
-    converter_config,
-    float8_of,
     max_relative_diff,
     new_state,
     run_steps,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parity_layouts import ARGS, converter_config, max_relative_diff, mx_of, single_process_run
+from parity_converters import converter_config, mx_of
+from parity_layouts import ARGS, max_relative_diff, single_process_run
 from torch import nn
 
 from dtrain.config import JobConfig

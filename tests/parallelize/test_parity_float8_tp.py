@@ -17,9 +17,8 @@ import torch.distributed as dist
 from dtrain.parallelize import ParallelDims, build_mesh, get_family
 
 from dist_harness import run_world
-from parity_layouts import (
-    ARGS, SEQ_LEN, Layout, build_parallel_model, float8_training, parity_tests,
-)
+from parity_converters import float8_training
+from parity_layouts import ARGS, SEQ_LEN, Layout, build_parallel_model, parity_tests
 
 pytest.importorskip("torchao.float8")
 pytestmark = pytest.mark.multiprocess

@@ -28,11 +28,12 @@ from dtrain.parallelize import ParallelDims, ParallelizeOptions
 from dtrain.run.build_state import build_step_executor
 from dtrain.run.layout import ParallelLayout, rank_coordinates
 from dtrain.run.world import dp_rank_and_size
+from dtrain.step.labels import IGNORE_INDEX
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
 from dtrain.step.source_loss import SOURCE_IDS
 from dtrain.step.state import StepSetup, TrainState
-from dtrain.step.train_step import IGNORE_INDEX, StepLoss, train_step
+from dtrain.step.train_step import StepLoss, train_step
 
 pytestmark = pytest.mark.multiprocess
 

@@ -33,7 +33,8 @@ from test_pipeline_parity import PIPELINE_ARGS, PipelineLayout, pipelined_state
 from dtrain.parallelize import ParallelDims, ParallelizeOptions
 from dtrain.run.validation import validation_loss
 from dtrain.run.world import dp_rank_and_size
-from dtrain.step.train_step import IGNORE_INDEX, train_step
+from dtrain.step.labels import IGNORE_INDEX
+from dtrain.step.train_step import train_step
 
 pytestmark = pytest.mark.multiprocess
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 from dist_harness import run_world
+from parity_converters import float8_training
 from parity_layouts import (
     BF16_LOSS_RTOL,
     FAMILY_ARGS,
@@ -29,7 +30,6 @@ from parity_layouts import (
     SEED,
     STEPS,
     family_spec,
-    float8_training,
     max_relative_diff,
     mesh_for,
     new_state,

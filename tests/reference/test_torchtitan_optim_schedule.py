@@ -20,7 +20,8 @@ from dtrain.config.schema import LRScheduler, Optimizer, Training
 from dtrain.step.executor import clip_grad_norm
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
-from dtrain.step.train_step import IGNORE_INDEX, cross_entropy_sum
+from dtrain.step.labels import IGNORE_INDEX
+from dtrain.step.train_step import cross_entropy_sum
 
 TRAINING_STEPS = 20
 SCHEDULES = [

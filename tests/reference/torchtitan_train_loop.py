@@ -9,7 +9,8 @@ optimizers, LR schedulers and loss, then step: zero_grad, lr of the step, forwar
 the step's valid tokens, backward, torchtitan's `clip_grad_norm_`, optimizer step, scheduler step.
 
 It writes OUT_DIR/seed (torchtitan's initialised weights as a model-only DCP checkpoint, as
-`checkpoint.create_seed_checkpoint` would) and OUT_DIR/steps.jsonl (step, loss, grad_norm, lr). The batches are
+`checkpoint.create_seed_checkpoint` would) and OUT_DIR/steps.jsonl (step, loss, grad_norm, lr, and the step's wall
+time time_s, which scripts/bench_vs_torchtitan.py's CPU dry run reads). The batches are
 dtrain's, built from the same command line by dtrain's own data loader: the data is an input of the comparison,
 not part of it. What is compared is everything torchtitan computes from it.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -61,6 +63,16 @@ def split_model_args(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     return rest, shape
 
 
+def set_shape(model_args, shape: dict[str, str]) -> None:
+    """Set dtrain's `--model.args` values (split_model_args) on torchtitan's flavor args, in their types."""
+    for name, value in shape.items():
+        owner, field = model_args, TORCHTITAN_FIELDS.get(name, name)
+        if "." in field:
+            inner, field = field.split(".")
+            owner = getattr(model_args, inner)
+        setattr(owner, field, type(getattr(owner, field))(value))
+
+
 def main(out: Path, argv: list[str]) -> None:
     install_triton_stub()
     import torch.distributed as dist
@@ -85,12 +97,7 @@ def main(out: Path, argv: list[str]) -> None:
     spec = get_train_spec(job.model.name)
 
     model_args = spec.model_args[job.model.flavor]
-    for name, value in shape.items():
-        owner, field = model_args, TORCHTITAN_FIELDS.get(name, name)
-        if "." in field:
-            inner, field = field.split(".")
-            owner = getattr(model_args, inner)
-        setattr(owner, field, type(getattr(owner, field))(value))
+    set_shape(model_args, shape)
     model_args.update_from_config(job)
     run_moe_in_float32_on_cpu(model_args)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[job.training.dtype]
@@ -111,6 +118,7 @@ def main(out: Path, argv: list[str]) -> None:
     batches = dtrain_batches(argv)  # dtrain reads the same command line, --job.config_file included
     with (out / "steps.jsonl").open("w") as records:
         for step in range(1, job.training.steps + 1):
+            start = time.perf_counter()  # the step's wall time, batches included, as torchtitan's tps counts it
             # Trainer.train_step
             optimizers.zero_grad()
             lr = lr_schedulers.schedulers[0].get_last_lr()[0]
@@ -129,6 +137,7 @@ def main(out: Path, argv: list[str]) -> None:
             optimizers.step()
             lr_schedulers.step()
             record = {"step": step, "loss": torch.stack(losses).sum().item(), "grad_norm": grad_norm.item(), "lr": lr}
+            record["time_s"] = time.perf_counter() - start
             records.write(json.dumps(record) + "\n")
     dist.destroy_process_group()
 

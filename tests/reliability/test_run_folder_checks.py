@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from dtrain.config.schema import Checkpoint, Job, JobConfig, Metrics
+from dtrain.config.schema import Checkpoint, Job, JobConfig
+from dtrain.config.schema_observe import Metrics
 from dtrain.errors import ConfigError
 from dtrain.reliability.run_folder_checks import check_run_folder
 

@@ -22,10 +22,11 @@ from dtrain.parallelize import ParallelDims, get_family
 from dtrain.run.layout import check_validation_layout
 from dtrain.run.validation import Validator, build_validator, validation_loss
 from dtrain.step.executor import LocalExecutor
+from dtrain.step.labels import IGNORE_INDEX
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
 from dtrain.step.state import RankCoordinates, StepSetup, TrainState
-from dtrain.step.train_step import IGNORE_INDEX, StepLoss
+from dtrain.step.train_step import StepLoss
 
 ARGS = Llama3Args(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=258, multiple_of=16, max_seq_len=32)
 

@@ -2,8 +2,8 @@ import pytest
 import torch
 from torch import nn
 
+from dtrain.config.low_bit_optim import low_bit_format
 from dtrain.config.schema import Optimizer
-from dtrain.precision.low_bit_optim import low_bit_format
 from dtrain.step.optimizer import build_optimizer, kernel_flags, moment_bytes
 
 

@@ -17,7 +17,8 @@ from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
 from dtrain.step.source_loss import SOURCE_IDS
 from dtrain.step.state import StepSetup, TrainState
-from dtrain.step.train_step import IGNORE_INDEX, StepLoss, train_step
+from dtrain.step.labels import IGNORE_INDEX
+from dtrain.step.train_step import StepLoss, train_step
 
 ARGS = Llama3Args(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=16, max_seq_len=16)
 NAMES = ("web", "code", "books")

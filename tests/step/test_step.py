@@ -6,10 +6,11 @@ import torch
 from dtrain.config.schema import LRScheduler, Optimizer
 from dtrain.models.llama3 import Llama3Args, Transformer
 from dtrain.step.executor import LocalExecutor
+from dtrain.step.labels import IGNORE_INDEX
 from dtrain.step.lr_schedule import build_lr_scheduler
 from dtrain.step.optimizer import build_optimizers
 from dtrain.step.state import StepSetup, TrainState
-from dtrain.step.train_step import IGNORE_INDEX, StepLoss, cross_entropy_sum, train_step
+from dtrain.step.train_step import StepLoss, cross_entropy_sum, train_step
 
 ARGS = Llama3Args(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, multiple_of=16, max_seq_len=16)
 

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-QUIET = "from dtrain.precision.torchao_import import quiet_torchao_import\nwith quiet_torchao_import():\n    import torchao.optim"
+QUIET = "from dtrain.step.torchao_import import quiet_torchao_import\nwith quiet_torchao_import():\n    import torchao.optim"
 
 
 def _stderr_of(code: str) -> str:
