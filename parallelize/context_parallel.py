@@ -1,33 +1,14 @@
 """Context parallel: every sequence of a batch is split over the ``cp`` ranks, and attention sees all of it.
 
-Each CP rank holds ``seq_len / cp`` tokens of every sequence: with the head-tail load balancer
-(``parallelism.context_parallel_load_balancer = "headtail"``) the sequence is cut into ``2 cp`` chunks and rank ``i``
-holds chunks ``i`` and ``2 cp - 1 - i``, so that every rank has the same share of causal attention work (the early
-chunks attend to little, the late ones to much); with ``"none"`` rank ``i`` holds the ``i``-th ``1/cp`` of it.
-
-Everything but attention is per token, so only three things change, all applied from outside the model:
-
-- the batch: ``shard_sequence`` keeps this rank's tokens of ``input_ids``, ``labels`` and, under document masking,
-  ``document_ids`` (the step calls it);
-- positions: a forward pre-hook gives every block's attention module the true positions of its tokens in the whole
-  sequence, so RoPE rotates each token as on one rank (``sequence_positions`` would number the local ones 0..);
-- attention: the inner attention of each block's attention module (their names are the model's
-  ``decoder_layout``'s) is replaced by one that sees the whole sequence's keys, chosen by ``cp_attention_path``:
-
-  - ``ring`` (CUDA, causal mask): torch's ring attention over SDPA's flash/efficient/cuDNN kernels
-    (ring_attention.py), the one torchtitan uses; ``context_parallel_rotate_method`` picks its kv rotation.
-  - ``blockwise`` (CPU, causal mask): ``AllGatherKVAttention`` all-gathers keys and values over the cp group
-    (their grouped kv heads, before they are repeated for the query heads: ``n_heads / n_kv_heads`` times less
-    traffic) with an autograd-aware functional collective, whose backward reduce-scatters their gradients back,
-    then attends chunk by chunk with the CPU flash kernel (blockwise_attention.py): no mask, exact causal work.
-    torch's ring cannot serve here: the CPU SDPA op has no context-parallel rule (../shared/notes/cpu-facts.md,
-    probe 5).
-  - ``masked`` (document masking off CUDA or with ``attention_mask_backend = "dense"``, or a device torch's ring
-    does not serve): the same all-gather, then SDPA with a mask built from positions (and document ids): exact
-    for any mask, at ``seq²/cp`` mask bytes per layer kept for backward.
-  - ``flex`` (document masking through FlexAttention, ``ParallelizeOptions.flex_attention``: CUDA): the same
-    all-gather, then a block mask over this rank's query positions and the gathered key positions and documents
-    (models/flex_attention.py): the same mask, with no ``seq²/cp`` tensor kept.
+Each CP rank holds ``seq_len / cp`` tokens of every sequence (head-tail chunks by default, for equal causal work).
+Everything but attention is per token, so three things change, all from outside the model: the batch
+(``shard_sequence`` keeps this rank's tokens, labels and document ids), the positions (a forward pre-hook gives
+each attention its tokens' true positions, for RoPE), and each block's inner attention, replaced by one that sees
+the whole sequence's keys along ``cp_attention_path``: ``ring`` (torch's ring attention, CUDA, causal),
+``blockwise`` (all-gathered kv heads and the CPU flash kernel chunk by chunk: torch's ring has no CPU rule),
+``masked`` (the same all-gather, then SDPA with a position/document mask) or ``flex`` (the same all-gather, then a
+FlexAttention block mask, CUDA). The paths, what each keeps for backward and where each was verified:
+docs/parallelism.md, "Context parallel".
 """
 
 from __future__ import annotations

@@ -27,14 +27,14 @@ from reference_scripts import run_reference_script
 from dtrain.config import load_config
 from dtrain.config.fields import config_fields, section_of
 from dtrain.config.toml_io import toml_value
-from dtrain.config.torchtitan_keys import (
+from dtrain.config.torchtitan_comparison import (
     DEFAULT_DIFFERENCES,
     MEANING_DIFFERENCES,
     PROVEN_SAME,
     TESTED_SAME,
-    TORCHTITAN_ONLY,
     TORCHTITAN_V0_2_2_KEYS,
 )
+from dtrain.config.torchtitan_keys import TORCHTITAN_ONLY
 from dtrain.config.torchtitan_table import key_status
 
 REPO = Path(__file__).resolve().parents[2]
