@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Evaluate a checkpoint with EleutherAI's lm-evaluation-harness (pip install -e '.[eval]').
+# Evaluate a checkpoint with EleutherAI's lm-evaluation-harness (the eval extra: DTRAIN_EXTRAS=eval ./scripts/setup_env.sh).
 #   ./run_eval.sh --checkpoint outputs/debug_model --tasks dtrain_tiny          (newest committed step)
 #   ./run_eval.sh --checkpoint /models/Qwen3-0.6B --hf --tasks hellaswag --limit 100
 #   NPROC=2 ./run_eval.sh --checkpoint outputs/debug_model --tasks dtrain_tiny  (each process answers its share)

@@ -39,7 +39,8 @@ def require_harness(what: str) -> None:
     try:
         import lm_eval  # noqa: F401
     except ImportError:
-        raise ConfigError(f"{what} needs lm-evaluation-harness: pip install -e '.[eval]'") from None
+        raise ConfigError(f"{what} needs lm-evaluation-harness, dtrain's `eval` extra: DTRAIN_EXTRAS=eval "
+                          "./scripts/setup_env.sh (or pip install -e '.[eval]' in your own environment)") from None
 
 
 def _manager(task_paths: list[str], with_harness_tasks: bool):
