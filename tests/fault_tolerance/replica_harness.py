@@ -26,14 +26,15 @@ GROUP_TIMEOUT_S = 150
 
 
 @contextlib.contextmanager
-def lighthouse(min_replicas: int = 1):
-    """torchft's lighthouse in this process, on a free port; yields its address."""
+def lighthouse(min_replicas: int = 1, join_timeout_ms: int = 1000):
+    """torchft's lighthouse in this process, on a free port; yields its address. A quorum waits up to
+    `join_timeout_ms` for groups that heartbeat but have not asked for it yet."""
     # torchft's Rust logger reads RUST_LOG once, when torchft is first imported: its INFO line for every quorum
     # would flood a failure's report.
     os.environ.setdefault("RUST_LOG", "warn")
     from torchft.coordination import LighthouseServer
 
-    server = LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=1000,
+    server = LighthouseServer(bind="[::]:0", min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
                               heartbeat_timeout_ms=HEARTBEAT_MS)
     try:
         yield server.address()
